@@ -1,0 +1,222 @@
+"""simple_agent: seed the environment, loop model → tools → model until a final answer, verify.
+
+Tool calls run in order on the resources server with the rollout's session cookie. A model mistake
+(unknown tool, arguments that are not JSON or fail validation) becomes a tool output that says so,
+for the model to read; an infrastructure failure (server down, 5xx, timeout) ends the rollout with
+a failure status and no reward.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from pydantic import Field
+
+from rollgym import (
+    AgentServer,
+    BadRequest,
+    Reply,
+    ResponsesCreateParams,
+    RunRequest,
+    ServerCallError,
+    ServerConfig,
+    ServerRef,
+)
+from rollgym.sequences import merge_sequences
+
+TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+BUILT_IN_ROUTES = {"seed_session", "verify", "tools", "health"}
+
+
+class SimpleAgentConfig(ServerConfig):
+    model_server: ServerRef
+    resources_server: ServerRef
+    max_steps: int | None = Field(default=8, ge=1, description="model calls per rollout; null = unbounded")
+    max_total_output_tokens: int | None = Field(default=None, ge=1, description="token budget per rollout")
+    model_timeout_s: float = Field(default=600.0, gt=0)
+    tool_timeout_s: float = Field(default=120.0, gt=0)
+    # After a forced tool call, later turns use tool_choice "auto" so the model can answer
+    # (the OpenAI Agents SDK does the same; otherwise a forced choice loops until max_steps).
+    reset_tool_choice: bool = True
+    return_sequences: bool = True
+
+
+class RolloutFailure(Exception):
+    """An infrastructure failure that ends the rollout without a reward."""
+
+    def __init__(self, status: str, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+@dataclass
+class Loop:
+    """The state of one agent loop."""
+
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    last_response: dict[str, Any] | None = None
+    status: str = "ok"
+    turns: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model_latency_s: float = 0.0
+    env_latency_s: float = 0.0
+
+    def final_response(self) -> dict[str, Any] | None:
+        if self.last_response is None:
+            return None
+        usage = dict(self.last_response.get("usage") or {})
+        usage.update(input_tokens=self.input_tokens, output_tokens=self.output_tokens,
+                     total_tokens=self.input_tokens + self.output_tokens)
+        return {**self.last_response, "output": self.outputs, "usage": usage}
+
+    def metrics(self, started: float) -> dict[str, Any]:
+        return {
+            "turns": self.turns, "tool_calls": self.tool_calls,
+            "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+            "latency_s": round(time.perf_counter() - started, 6),
+            "model_latency_s": round(self.model_latency_s, 6), "env_latency_s": round(self.env_latency_s, 6),
+        }
+
+
+class SimpleAgent(AgentServer):
+    config_class = SimpleAgentConfig
+    config: SimpleAgentConfig
+
+    async def run(self, task: RunRequest, payload: dict[str, Any]) -> dict[str, Any]:
+        started = time.perf_counter()
+        cookies: dict[str, str] = {}
+        loop = Loop()
+        try:
+            await self._env_call("/seed_session", payload, cookies, loop)
+            await self._loop(payload["responses_create_params"], cookies, loop)
+            verified = await self._env_call(
+                "/verify", {**payload, "response": loop.final_response()}, cookies, loop
+            )
+        except RolloutFailure as failure:
+            return {
+                **payload, "response": loop.final_response(), "reward": None,
+                "status": failure.status, "error": failure.error, "metrics": loop.metrics(started),
+                "rollout_id": task.rollout_id, "group_id": task.group_id,
+            }
+        result = verified.json()
+        result.update(status=loop.status, error=None, rollout_id=task.rollout_id, group_id=task.group_id,
+                      metrics=loop.metrics(started))
+        if self.config.return_sequences:
+            sequences, prefix_ok = merge_sequences(loop.outputs)
+            if prefix_ok is not None:
+                result.update(sequences=sequences, prefix_ok=prefix_ok)
+        return result
+
+    async def respond(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
+        loop = Loop()
+        try:
+            await self._loop(payload, {}, loop)
+        except RolloutFailure as failure:
+            from fastapi import HTTPException
+
+            raise HTTPException(504 if failure.status == "timeout" else 502, detail=failure.error) from None
+        return loop.final_response() or {}
+
+    async def _loop(self, params: dict[str, Any], cookies: dict[str, str], loop: Loop) -> None:
+        config = self.config
+        given = params["input"]
+        prompt = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
+        tool_choice = params.get("tool_choice")
+        while True:
+            if config.max_steps is not None and loop.turns >= config.max_steps:
+                loop.status = "max_steps"
+                return
+            body = {**params, "input": prompt + loop.outputs}
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+            response = await self._model_call(body, loop)
+            new_items = response.get("output") or []
+            loop.outputs.extend(new_items)
+            calls = [item for item in new_items if item.get("type") == "function_call"]
+            if response.get("status") == "incomplete":
+                loop.status = "truncated"
+                return
+            if config.max_total_output_tokens is not None and loop.output_tokens >= config.max_total_output_tokens:
+                loop.status = "truncated" if calls else "ok"
+                return
+            if not calls:
+                return
+            for call in calls:
+                output = await self._tool_call(call, cookies, loop)
+                loop.outputs.append({"type": "function_call_output", "call_id": call.get("call_id"), "output": output})
+            if config.reset_tool_choice and tool_choice not in (None, "auto", "none"):
+                tool_choice = "auto"
+
+    async def _model_call(self, body: dict[str, Any], loop: Loop) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            reply = await self.client.post(
+                self.config.model_server.name, "/v1/responses", json=body, timeout_s=self.config.model_timeout_s
+            )
+        except ServerCallError as exc:
+            raise RolloutFailure("timeout" if exc.kind == "timeout" else "model_error", str(exc)) from None
+        finally:
+            loop.model_latency_s += time.perf_counter() - started
+        if not reply.ok:
+            raise RolloutFailure("model_error", f"model server answered HTTP {reply.status}: {reply.error_message()}")
+        response = reply.json()
+        loop.turns += 1
+        loop.last_response = response
+        usage = response.get("usage") or {}
+        loop.input_tokens += int(usage.get("input_tokens") or 0)
+        loop.output_tokens += int(usage.get("output_tokens") or 0)
+        return response
+
+    async def _tool_call(self, call: dict[str, Any], cookies: dict[str, str], loop: Loop) -> str:
+        """The tool's output text; model mistakes become an explanatory output, not a failure."""
+        name = str(call.get("name") or "")
+        loop.tool_calls += 1
+        if not TOOL_NAME.match(name) or name in BUILT_IN_ROUTES:
+            return f"Error: unknown tool '{name}'."
+        try:
+            arguments = orjson.loads(call.get("arguments") or "{}")
+        except orjson.JSONDecodeError as exc:
+            return f"Error: the arguments of {name} are not valid JSON ({exc}). Send a JSON object."
+        if not isinstance(arguments, dict):
+            return f"Error: the arguments of {name} must be a JSON object, not {type(arguments).__name__}."
+        reply = await self._env_call(f"/{name}", arguments, cookies, loop, tool=True)
+        if reply.status == 404:
+            return f"Error: unknown tool '{name}'."
+        if 400 <= reply.status < 500:
+            return f"Error: invalid arguments for {name}: {reply.error_message()}"
+        return reply.text
+
+    async def _env_call(self, path: str, body: Any, cookies: dict[str, str], loop: Loop, tool: bool = False) -> Any:
+        """A resources-server call; 5xx/unreachable/timeout (and 4xx outside tools) fail the rollout."""
+        started = time.perf_counter()
+        try:
+            reply = await self.client.post(
+                self.config.resources_server.name, path, json=body, cookies=cookies,
+                timeout_s=self.config.tool_timeout_s,
+            )
+        except ServerCallError as exc:
+            raise RolloutFailure("timeout" if exc.kind == "timeout" else "env_error", str(exc)) from None
+        finally:
+            loop.env_latency_s += time.perf_counter() - started
+        if not tool and 400 <= reply.status < 500:
+            # The environment rejected the task row itself: the caller's input is at fault, not the rollout.
+            field = _error_field(reply)
+            raise BadRequest(f"the environment's {path} rejected the task: {reply.error_message()}", field=field,
+                             status=reply.status)
+        if reply.status >= 500:
+            raise RolloutFailure("env_error", f"resources server {path} answered HTTP {reply.status}: {reply.error_message()}")
+        return reply
+
+
+def _error_field(reply: Reply) -> str:
+    try:
+        return str(reply.json()["error"]["field"])
+    except (ValueError, KeyError, TypeError):
+        return "body"

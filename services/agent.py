@@ -1,0 +1,41 @@
+"""The agent-server role: runs the rollout loop (`POST /run`) and the loop without verify.
+
+An agent subclasses `AgentServer` and implements `run` (task row → verified rollout) and
+`respond` (Responses request → the loop's final response, unverified).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, Request
+
+from .schema import ResponsesCreateParams, RunRequest
+from .server import BaseServer, JSONBytesResponse, parse_body, read_json
+
+
+class AgentServer(BaseServer):
+    """Base of every agent server."""
+
+    role: ClassVar[str] = "agents"
+
+    async def run(self, task: RunRequest, payload: dict[str, Any]) -> dict[str, Any]:
+        """One rollout: the task row (validated, and as plain JSON) → the run response as JSON."""
+        raise NotImplementedError
+
+    async def respond(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
+        """The agent loop for a bare Responses request, without seeding or verifying."""
+        raise NotImplementedError
+
+    def add_routes(self, app: FastAPI) -> None:
+        @app.post("/run")
+        async def run(request: Request) -> JSONBytesResponse:
+            payload = await read_json(request)
+            task = parse_body(RunRequest, payload)
+            return JSONBytesResponse(await self.run(task, payload))
+
+        @app.post("/v1/responses")
+        async def responses(request: Request) -> JSONBytesResponse:
+            payload = await read_json(request)
+            params = parse_body(ResponsesCreateParams, payload)
+            return JSONBytesResponse(await self.respond(params, payload))

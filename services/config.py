@@ -1,0 +1,219 @@
+"""Stack configuration: server YAML files plus `key.path=value` overrides, validated.
+
+A config file maps server instance names to `{role: {implementation: {options}}}`, the layout NeMo
+Gym uses, so its configs read the same here:
+
+    weather:                       # instance name, what other servers call it by
+      resources_servers:           # role: models | resources_servers | agents
+        weather:                   # folder: resources_servers/weather/
+          entrypoint: app.py
+          session_ttl_s: 600       # options, validated by the server's own config class
+
+A stack is several such files merged in order, then overrides. `${oc.env:NAME}` reads a secret
+from the environment. An override may skip the role and folder: `policy_model.base_url=...`.
+Errors name the file and the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import ValidationError
+
+ROLES = ("models", "resources_servers", "agents")
+# NeMo Gym's names for the same roles.
+ROLE_ALIASES = {"responses_api_models": "models", "responses_api_agents": "agents"}
+# The model a stack gets when its agents name `policy_model` and no file defines it.
+DEFAULT_MODEL_NAME = "policy_model"
+DEFAULT_MODEL_CONFIG = Path("models") / "llamacpp" / "configs" / "llamacpp.yaml"
+
+
+class ConfigError(Exception):
+    """A stack configuration problem, phrased for the user (file and key included)."""
+
+
+@dataclass
+class ServerSpec:
+    """One server instance of a stack."""
+
+    name: str
+    role: str
+    folder: str
+    entrypoint: str
+    options: dict[str, Any]
+    source: str
+    root: str
+
+    @property
+    def key_prefix(self) -> str:
+        return f"{self.name}.{self.role}.{self.folder}"
+
+    @property
+    def module(self) -> str:
+        return f"{self.role}.{self.folder}.{Path(self.entrypoint).with_suffix('').as_posix().replace('/', '.')}"
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+@dataclass
+class StackConfig:
+    servers: dict[str, ServerSpec] = field(default_factory=dict)
+
+    def by_role(self, role: str) -> list[ServerSpec]:
+        return [spec for spec in self.servers.values() if spec.role == role]
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: spec.to_json() for name, spec in self.servers.items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "StackConfig":
+        return cls({name: ServerSpec(**spec) for name, spec in data.items()})
+
+
+def load_stack(paths: list[str | Path], overrides: list[str] | None = None, *, add_default_model: bool = True) -> StackConfig:
+    """Load and check a stack from config files and overrides; raises ConfigError naming file and key."""
+    if not paths:
+        raise ConfigError("no config file given; pass one or more server configs (configs/*.yaml)")
+    merged = OmegaConf.create({})
+    sources: dict[str, str] = {}
+    for path in paths:
+        layer = _load_file(Path(path))
+        for name in layer:
+            sources[str(name)] = str(path)
+        merged = OmegaConf.merge(merged, layer)
+    if add_default_model:
+        merged = _add_default_model(merged, sources, paths)
+    merged = OmegaConf.merge(merged, _parse_overrides(overrides or [], merged))
+    try:
+        data = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        source = sources.get(str(key).split(".")[0], "the overrides")
+        raise ConfigError(f"{source}: key '{key}': {_omegaconf_message(exc)}") from None
+    stack = StackConfig()
+    for name, entry in data.items():
+        stack.servers[str(name)] = _server_spec(str(name), entry, sources.get(str(name), "the overrides"))
+    _check_references(stack)
+    return stack
+
+
+def _load_file(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must map server names to their config, not a {type(raw).__name__}")
+    try:
+        return OmegaConf.create(raw)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {_omegaconf_message(exc)}") from None
+
+
+def _parse_overrides(overrides: list[str], merged: DictConfig) -> DictConfig:
+    dotlist = []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {override!r} must look like key.path=value")
+        parts = key.strip().split(".")
+        instance = merged.get(parts[0]) if parts[0] in merged else None
+        # Shorthand: `weather.session_ttl_s=60` means weather.<role>.<folder>.session_ttl_s.
+        if isinstance(instance, DictConfig) and len(parts) > 1 and parts[1] not in ROLES and parts[1] not in ROLE_ALIASES:
+            role = next(iter(instance), None)
+            folder = next(iter(instance[role]), None) if role is not None and isinstance(instance[role], DictConfig) else None
+            if role is not None and folder is not None:
+                parts = [parts[0], str(role), str(folder), *parts[1:]]
+        dotlist.append(f"{'.'.join(parts)}={value}")
+    try:
+        return OmegaConf.from_dotlist(dotlist)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"bad override: {_omegaconf_message(exc)}") from None
+
+
+def _server_spec(name: str, entry: Any, source: str) -> ServerSpec:
+    where = f"{source}: server '{name}'"
+    if not isinstance(entry, dict) or len(entry) != 1:
+        raise ConfigError(f"{where}: must map exactly one role ({', '.join(ROLES)}) to its implementation")
+    (role, impls), = entry.items()
+    role = ROLE_ALIASES.get(role, role)
+    if role not in ROLES:
+        raise ConfigError(f"{where}: unknown role '{role}' (expected one of {', '.join(ROLES)})")
+    if not isinstance(impls, dict) or len(impls) != 1:
+        raise ConfigError(f"{where}: '{role}' must map exactly one implementation folder to its options")
+    (folder, options), = impls.items()
+    options = dict(options or {})
+    entrypoint = str(options.pop("entrypoint", "app.py"))
+    root = _find_root(Path(source), role, folder, entrypoint)
+    if root is None:
+        raise ConfigError(f"{where}: no {role}/{folder}/{entrypoint} found next to {source} or in the current directory")
+    return ServerSpec(name, role, str(folder), entrypoint, options, source, str(root))
+
+
+def _find_root(source: Path, role: str, folder: str, entrypoint: str) -> Path | None:
+    """The directory holding `role/folder/entrypoint`: an ancestor of the config file, or the cwd."""
+    candidates = list(source.resolve().parents) if source.exists() else []
+    candidates.append(Path.cwd())
+    for directory in candidates:
+        if (directory / role / folder / entrypoint).is_file():
+            return directory
+    return None
+
+
+def _add_default_model(merged: DictConfig, sources: dict[str, str], paths: list[str | Path]) -> DictConfig:
+    if DEFAULT_MODEL_NAME in merged or not _mentions(OmegaConf.to_container(merged, resolve=False), DEFAULT_MODEL_NAME):
+        return merged
+    for directory in [*(p.parent for path in paths for p in [Path(path).resolve()] for p in p.parents), Path.cwd()]:
+        candidate = directory / DEFAULT_MODEL_CONFIG
+        if candidate.is_file():
+            layer = _load_file(candidate)
+            for name in layer:
+                sources[str(name)] = str(candidate)
+            return OmegaConf.merge(layer, merged)
+    return merged
+
+
+def _mentions(value: Any, name: str) -> bool:
+    if isinstance(value, dict):
+        return any(_mentions(v, name) for v in value.values())
+    if isinstance(value, list):
+        return any(_mentions(v, name) for v in value)
+    return value == name
+
+
+def _check_references(stack: StackConfig) -> None:
+    """Options like `model_server: {name: X}` must name a server of the stack."""
+    for spec in stack.servers.values():
+        for key, value in spec.options.items():
+            if key.endswith("_server") and isinstance(value, dict) and "name" in value:
+                if value["name"] not in stack.servers:
+                    known = ", ".join(sorted(stack.servers))
+                    raise ConfigError(
+                        f"{spec.source}: key '{spec.key_prefix}.{key}.name': no server named "
+                        f"'{value['name']}' in the stack (servers: {known})"
+                    )
+
+
+def format_validation_error(exc: ValidationError, spec: ServerSpec) -> str:
+    """A server config ValidationError as `file: key 'a.b.c': message` lines."""
+    lines = []
+    for error in exc.errors():
+        loc = ".".join(str(part) for part in error.get("loc", ()))
+        key = f"{spec.key_prefix}.{loc}" if loc else spec.key_prefix
+        message = "unknown option" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
+        lines.append(f"{spec.source}: key '{key}': {message}")
+    return "\n".join(lines)
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

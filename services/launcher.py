@@ -1,0 +1,175 @@
+"""Starts every server of a stack as its own process, waits for health, and stops them all.
+
+The launcher binds each server's listening socket itself (a free loopback port unless the config
+names one) and passes it to the child, so the whole registry is known before any child starts and
+no two servers race for a port. Children die with the launcher (PR_SET_PDEATHSIG on Linux).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from .client import ServerAddress
+from .config import StackConfig
+
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(Exception):
+    """A server of the stack did not come up, or died."""
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: ask the kernel to SIGTERM it if the launcher dies.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class Stack:
+    """A running stack: `with Stack(config) as registry: ...` or `start()` / `stop()`."""
+
+    def __init__(self, config: StackConfig, *, python: str | None = None) -> None:
+        self.config = config
+        self.python = python or sys.executable
+        self.registry: dict[str, ServerAddress] = {}
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.startup_s: float | None = None
+        self._sockets: dict[str, socket.socket] = {}
+        self._state_dir: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> dict[str, ServerAddress]:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self, timeout_s: float = 120.0) -> dict[str, ServerAddress]:
+        """Start every server and wait until all answer /health; returns the registry."""
+        started = time.perf_counter()
+        try:
+            self._bind_sockets()
+            stack_file = self._write_stack_file()
+            for name, sock in self._sockets.items():
+                fd = sock.fileno()
+                self.processes[name] = subprocess.Popen(
+                    [self.python, "-m", "rollgym.serve", stack_file, name, "--fd", str(fd)],
+                    pass_fds=(fd,),
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                )
+            for sock in self._sockets.values():
+                sock.close()  # the children hold their copies
+            asyncio.run(self._wait_healthy(timeout_s))
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - started
+        return self.registry
+
+    def _bind_sockets(self) -> None:
+        for name, spec in self.config.servers.items():
+            host = str(spec.options.get("host", "127.0.0.1"))
+            port = int(spec.options.get("port", 0))
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                sock.close()
+                raise LaunchError(f"server '{name}' cannot listen on {host}:{port}: {exc.strerror}") from None
+            sock.listen(4096)
+            sock.set_inheritable(True)
+            self._sockets[name] = sock
+            bound_port = sock.getsockname()[1]
+            reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+            if ":" in reach:
+                reach = f"[{reach}]"
+            self.registry[name] = ServerAddress(
+                url=f"http://{reach}:{bound_port}", role=spec.role, auth_token=spec.options.get("auth_token")
+            )
+
+    def _write_stack_file(self) -> str:
+        self._state_dir = tempfile.TemporaryDirectory(prefix="rollgym-stack-")
+        path = Path(self._state_dir.name) / "stack.json"
+        payload = {
+            "servers": self.config.to_json(),
+            "registry": {name: address.to_json() for name, address in self.registry.items()},
+            # One random secret per stack signs every server's session cookies.
+            "secret": secrets.token_hex(32),
+        }
+        path.write_bytes(orjson.dumps(payload))
+        path.chmod(0o600)
+        return str(path)
+
+    async def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as http:
+            await asyncio.gather(*(self._wait_one(http, name, deadline) for name in self.processes))
+
+    async def _wait_one(self, http: aiohttp.ClientSession, name: str, deadline: float) -> None:
+        address = self.registry[name]
+        headers = {"Authorization": f"Bearer {address.auth_token}"} if address.auth_token else {}
+        while True:
+            code = self.processes[name].poll()
+            if code is not None:
+                raise LaunchError(f"server '{name}' exited with code {code} before it was ready (see its error above)")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"server '{name}' did not answer /health at {address.url} in time")
+            try:
+                timeout = aiohttp.ClientTimeout(total=min(1.0, max(0.05, deadline - time.monotonic())))
+                async with http.get(address.url + "/health", headers=headers, timeout=timeout) as reply:
+                    if reply.status == 200:
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+            await asyncio.sleep(0.01)
+
+    def dead(self) -> tuple[str, int] | None:
+        """(name, exit code) of a server that has exited, if any."""
+        for name, process in self.processes.items():
+            code = process.poll()
+            if code is not None:
+                return name, code
+        return None
+
+    def stop(self, grace_s: float = 8.0) -> None:
+        """Stop every child: SIGTERM, then SIGKILL after `grace_s`."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                try:
+                    process.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for sock in self._sockets.values():
+            sock.close()
+        if self._state_dir is not None:
+            self._state_dir.cleanup()
+            self._state_dir = None
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one server (used by fault tests)."""
+        os.kill(self.processes[name].pid, signal.SIGKILL)
+        self.processes[name].wait()

@@ -1,0 +1,170 @@
+"""The resources-server role: a stateful environment with tools and a reward.
+
+An environment subclasses `ResourcesServer`, declares its task row (`task_model`), marks its tool
+methods with `@tool`, and implements `verify`. The base serves `POST /seed_session`, one
+`POST /{tool}` per tool, `POST /verify` and `GET /tools`, keeping per-session state in a store keyed
+by the signed session cookie the agent carries through one rollout.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, ClassVar, get_type_hints
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from .schema import RunRequest, VerifyRequest
+from .server import BaseServer, JSONBytesResponse, ServerConfig, SessionId, parse_body, read_json
+from .sessions import SessionStore
+
+
+class ResourcesServerConfig(ServerConfig):
+    session_ttl_s: float = Field(default=3600.0, gt=0, description="idle sessions are dropped after this")
+
+
+@dataclass
+class Verdict:
+    """A reward with optional per-component scores and extra fields recorded in the rollout."""
+
+    reward: float
+    components: dict[str, float] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    method_name: str
+
+    def schema(self) -> dict[str, Any]:
+        """The tool as a Responses API function tool."""
+        parameters = _strip_titles(self.args_model.model_json_schema())
+        parameters.setdefault("additionalProperties", False)
+        return {"type": "function", "name": self.name, "description": self.description,
+                "parameters": parameters, "strict": False}
+
+
+def tool(func: Callable | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+    """Mark `async def method(self, args: ArgsModel, state: dict)` as a tool served at `POST /{name}`.
+
+    The args model validates the call's JSON arguments (a 422 names the bad field); the method's
+    docstring is the tool's description unless one is given. What it returns is the tool output:
+    a string is sent as text, anything else as JSON.
+    """
+
+    def mark(method: Callable) -> Callable:
+        method.__rollgym_tool__ = {"name": name or method.__name__, "description": description}
+        return method
+
+    return mark(func) if func is not None else mark
+
+
+class EmptyArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResourcesServer(BaseServer):
+    """Base of every environment."""
+
+    role: ClassVar[str] = "resources_servers"
+    config_class: ClassVar[type[ServerConfig]] = ResourcesServerConfig
+    # The task row this environment expects: RunRequest plus its own fields.
+    task_model: ClassVar[type[RunRequest]] = RunRequest
+
+    def __init__(self, config: ServerConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.sessions = SessionStore(ttl_s=getattr(self.config, "session_ttl_s", 3600.0))
+        self.tools = self._discover_tools()
+        task_model = self.task_model
+        # The verify body is the environment's task row plus the final response.
+        self.verify_model: type[VerifyRequest] = VerifyRequest if task_model is RunRequest else type(
+            f"{task_model.__name__}Verify", (task_model, VerifyRequest), {"__module__": type(self).__module__}
+        )
+
+    # --- what an environment implements -------------------------------------------------------
+    async def seed(self, task: RunRequest, state: dict[str, Any]) -> None:
+        """Set up a session's state from its task row (called by `POST /seed_session`)."""
+
+    async def verify(self, request: VerifyRequest, state: dict[str, Any]) -> float | Verdict:
+        """The reward of a finished rollout: `request` is the task row plus the final `response`."""
+        raise NotImplementedError
+
+    # --- routes --------------------------------------------------------------------------------
+    def add_routes(self, app: FastAPI) -> None:
+        @app.post("/seed_session")
+        async def seed_session(request: Request, session_id: SessionId) -> JSONBytesResponse:
+            task = parse_body(self.task_model, await read_json(request))
+            state = self.sessions.get(session_id)
+            state.clear()
+            await self.seed(task, state)
+            return JSONBytesResponse({})
+
+        @app.post("/verify")
+        async def verify(request: Request, session_id: SessionId) -> JSONBytesResponse:
+            payload = await read_json(request)
+            body = parse_body(self.verify_model, payload)
+            outcome = await self.verify(body, self.sessions.get(session_id))
+            verdict = outcome if isinstance(outcome, Verdict) else Verdict(float(outcome))
+            # Echo the request as received (no re-serialisation drift), then the verdict.
+            answer = {**payload, **verdict.details, "reward": float(verdict.reward)}
+            if verdict.components is not None:
+                answer["reward_components"] = {k: float(v) for k, v in verdict.components.items()}
+            return JSONBytesResponse(answer)
+
+        @app.get("/tools")
+        async def list_tools() -> JSONBytesResponse:
+            return JSONBytesResponse([spec.schema() for spec in self.tools.values()])
+
+        for spec in self.tools.values():
+            app.post(f"/{spec.name}", name=spec.name)(self._tool_route(spec))
+
+    def _tool_route(self, spec: ToolSpec) -> Callable[..., Awaitable[Any]]:
+        method = getattr(self, spec.method_name)
+
+        async def call_tool(request: Request, session_id: SessionId) -> Any:
+            args = parse_body(spec.args_model, await read_json(request))
+            result = await method(args, self.sessions.get(session_id))
+            if isinstance(result, str):
+                return JSONBytesResponse(result.encode(), media_type="text/plain; charset=utf-8")
+            return JSONBytesResponse(result)
+
+        return call_tool
+
+    def _discover_tools(self) -> dict[str, ToolSpec]:
+        tools: dict[str, ToolSpec] = {}
+        for attr in dir(type(self)):
+            method = getattr(type(self), attr, None)
+            marker = getattr(method, "__rollgym_tool__", None)
+            if marker is None:
+                continue
+            hints = get_type_hints(method)
+            params = [p for p in inspect.signature(method).parameters if p != "self"]
+            args_model = hints.get(params[0]) if params else None
+            if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
+                args_model = EmptyArgs
+            reserved = {"seed_session", "verify", "tools", "health"}
+            if marker["name"] in reserved:
+                raise TypeError(f"tool name {marker['name']!r} collides with a built-in route")
+            description = marker["description"] or inspect.getdoc(method) or ""
+            tools[marker["name"]] = ToolSpec(marker["name"], description, args_model, attr)
+        return tools
+
+
+def _strip_titles(schema: Any) -> Any:
+    """pydantic adds `title` everywhere; models read tool schemas better without the noise."""
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    stripped = {}
+    for key, value in schema.items():
+        if key == "properties" and isinstance(value, dict):
+            # Property names are data, even one called "title".
+            stripped[key] = {name: _strip_titles(sub) for name, sub in value.items()}
+        elif not (key == "title" and isinstance(value, str)):
+            stripped[key] = _strip_titles(value)
+    return stripped

@@ -1,0 +1,233 @@
+"""Wire types: Responses API items and params, and the /run and /verify bodies.
+
+Items reuse the `openai` package's Responses types and add the optional training fields
+(`prompt_token_ids`, `generation_token_ids`, `generation_log_probs`) that a model server puts on
+the items it generated, so that the next turn's prompt can extend the exact same tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from openai.types.responses import (
+    EasyInputMessage,
+    FunctionTool,
+    Response,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseReasoningItem,
+    ResponseUsage,
+    ToolChoiceFunction,
+)
+from openai.types.responses.response_input_item import FunctionCallOutput as _FunctionCallOutput
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
+class TokenFields(BaseModel):
+    """The token-level record of one model call, carried by the item that call generated."""
+
+    prompt_token_ids: list[int] | None = None
+    generation_token_ids: list[int] | None = None
+    generation_log_probs: list[float] | None = None
+    # Which weights produced the tokens, for off-policy trainers; set by servers that know it.
+    model_version: str | None = None
+
+    @model_validator(mode="after")
+    def _all_or_none(self) -> "TokenFields":
+        present = [getattr(self, name) is not None for name in TOKEN_FIELDS]
+        if any(present) and not all(present):
+            missing = [name for name, has in zip(TOKEN_FIELDS, present) if not has]
+            raise ValueError(f"token fields come all three or none; missing {', '.join(missing)}")
+        if all(present) and len(self.generation_token_ids) != len(self.generation_log_probs):
+            raise ValueError(
+                f"generation_log_probs has {len(self.generation_log_probs)} values for "
+                f"{len(self.generation_token_ids)} generation_token_ids"
+            )
+        return self
+
+
+class OutputMessage(TokenFields, ResponseOutputMessage):
+    """An assistant message the model generated (`type: message`, `role: assistant`, output_text parts)."""
+
+
+class FunctionCall(TokenFields, ResponseFunctionToolCall):
+    """A tool call the model generated; `arguments` is a JSON string."""
+
+
+class Reasoning(TokenFields, ResponseReasoningItem):
+    """Reasoning text the model generated (summary and/or content parts)."""
+
+
+class FunctionCallOutput(_FunctionCallOutput):
+    """A tool's result, fed back to the model on the next turn."""
+
+    call_id: str
+
+
+class InputMessage(EasyInputMessage):
+    """A plain message written by the user, system, developer, or an assistant turn given as text."""
+
+
+def _input_item_kind(value: Any) -> str:
+    """Pick the item model: generated assistant messages carry an id and output_text parts."""
+    get = value.get if isinstance(value, dict) else lambda key, default=None: getattr(value, key, default)
+    kind = get("type") or "message"
+    if kind == "message":
+        if get("role") == "assistant" and get("id") is not None and not isinstance(get("content"), str):
+            return "output_message"
+        return "message"
+    return kind
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[InputMessage, Tag("message")],
+        Annotated[OutputMessage, Tag("output_message")],
+        Annotated[FunctionCall, Tag("function_call")],
+        Annotated[FunctionCallOutput, Tag("function_call_output")],
+        Annotated[Reasoning, Tag("reasoning")],
+    ],
+    Discriminator(_input_item_kind),
+]
+
+OutputItem = Annotated[
+    Union[
+        Annotated[OutputMessage, Tag("message")],
+        Annotated[FunctionCall, Tag("function_call")],
+        Annotated[FunctionCallOutput, Tag("function_call_output")],
+        Annotated[Reasoning, Tag("reasoning")],
+    ],
+    Discriminator(lambda v: v.get("type") if isinstance(v, dict) else getattr(v, "type", None)),
+]
+
+ToolChoice = Union[Literal["auto", "none", "required"], ToolChoiceFunction]
+
+
+class ResponsesCreateParams(BaseModel):
+    """The body of `POST /v1/responses` (the fields rollgym reads; others pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    input: Union[str, list[InputItem]]
+    model: str | None = None
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: ToolChoice | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _named_tool_exists(self) -> "ResponsesCreateParams":
+        if isinstance(self.tool_choice, ToolChoiceFunction):
+            names = {tool.name for tool in self.tools or []}
+            if self.tool_choice.name not in names:
+                raise ValueError(f"tool_choice names function {self.tool_choice.name!r}, which is not in tools")
+        return self
+
+
+class ModelResponse(Response):
+    """A Responses API response whose output items may carry token fields."""
+
+    output: list[OutputItem]  # type: ignore[assignment]
+
+
+RolloutStatus = Literal["ok", "truncated", "max_steps", "model_error", "env_error", "timeout"]
+
+# Statuses where the policy produced the trajectory: it was verified and its reward is real.
+POLICY_STATUSES: frozenset[str] = frozenset({"ok", "truncated", "max_steps"})
+# Statuses where infrastructure failed: no reward, the collector records and retries them.
+FAILURE_STATUSES: frozenset[str] = frozenset({"model_error", "env_error", "timeout"})
+
+
+class RunRequest(BaseModel):
+    """A task row: the model request plus any task fields the environment needs (kept as extras)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    responses_create_params: ResponsesCreateParams
+    rollout_id: str | None = None
+    group_id: str | None = None
+
+
+class VerifyRequest(RunRequest):
+    """What the agent sends to a resources server's `/verify`: the task row and the final response."""
+
+    response: ModelResponse
+
+
+class VerifyResponse(VerifyRequest):
+    """`/verify`'s answer: the request echoed back with the reward."""
+
+    reward: float
+    reward_components: dict[str, float] | None = None
+
+
+class RolloutMetrics(BaseModel):
+    turns: int = 0
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency_s: float = 0.0
+    model_latency_s: float = 0.0
+    env_latency_s: float = 0.0
+
+
+class Sequence(BaseModel):
+    """One token sequence of a rollout for trainers: a prompt and a completion with its loss mask.
+
+    `completion_mask` is 1 for tokens the model sampled and 0 for tokens the environment added
+    between turns; `completion_logprobs` is 0.0 where the mask is 0.
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+    completion_logprobs: list[float]
+
+
+class RunResponse(RunRequest):
+    """`POST /run`'s answer: the verify response plus rollgym's status, metrics and token view.
+
+    `reward` is None exactly when `status` is an infrastructure failure: a failure is never a reward.
+    """
+
+    response: ModelResponse | None = None
+    reward: float | None = None
+    reward_components: dict[str, float] | None = None
+    status: RolloutStatus
+    error: str | None = None
+    metrics: RolloutMetrics = Field(default_factory=RolloutMetrics)
+    sequences: list[Sequence] | None = None
+    prefix_ok: bool | None = None
+
+
+__all__ = [
+    "TOKEN_FIELDS",
+    "FAILURE_STATUSES",
+    "POLICY_STATUSES",
+    "FunctionCall",
+    "FunctionCallOutput",
+    "FunctionTool",
+    "InputItem",
+    "InputMessage",
+    "ModelResponse",
+    "OutputItem",
+    "OutputMessage",
+    "Reasoning",
+    "ResponseUsage",
+    "ResponsesCreateParams",
+    "RolloutMetrics",
+    "RolloutStatus",
+    "RunRequest",
+    "RunResponse",
+    "Sequence",
+    "TokenFields",
+    "VerifyRequest",
+    "VerifyResponse",
+]

@@ -1,0 +1,347 @@
+"""The server base: one FastAPI app per server, shared by the model, resources and agent roles.
+
+Every server gets `GET /health`, a request-body size limit, structured JSON errors (4xx naming the
+field at fault, 500 without a stack trace), signed cookie sessions, optional bearer-token auth
+(required when bound beyond loopback) and a pooled client for calling the other servers by name.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import secrets
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, AsyncIterator, ClassVar
+
+import orjson
+from fastapi import Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .client import Registry, ServerClient
+from .sessions import SESSION_COOKIE, SessionSigner
+
+logger = logging.getLogger("rollgym.server")
+
+
+class ServerConfig(BaseModel):
+    """Options every server has; a server's own config class extends this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    auth_token: str | None = Field(default=None, description="bearer token required on every route but /health")
+    max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    client_timeout_s: float = Field(default=300.0, gt=0, description="default timeout of calls to other servers")
+    client_max_retries: int = Field(default=3, ge=0)
+
+
+class ServerRef(BaseModel):
+    """A reference to another server of the stack by name (`type` is the role, optional)."""
+
+    type: str | None = None
+    name: str
+
+
+class ServerStartError(Exception):
+    """A server refuses to start with this configuration."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class JSONBytesResponse(Response):
+    """A JSON response serialised with orjson (several times faster than the stdlib encoder)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        if isinstance(content, bytes):
+            return content
+        if isinstance(content, BaseModel):
+            return content.model_dump_json(exclude_unset=True).encode()
+        return orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def error_body(kind: str, message: str, **extra: Any) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message, **extra}}
+
+
+def format_location(loc: tuple[Any, ...] | list[Any]) -> str:
+    """`('body', 'input', 2, 'call_id')` → `input[2].call_id`, dropping union-branch names."""
+    parts: list[str] = []
+    for element in loc:
+        if element == "body" and not parts:
+            continue
+        if isinstance(element, int):
+            parts.append(f"[{element}]")
+            continue
+        text = str(element)
+        # pydantic names the branch it tried in unions ("function_call", "list[...]", "str"); users
+        # did not write those, so they are left out of the field path.
+        if "[" in text or "(" in text or text in _UNION_BRANCHES:
+            continue
+        parts.append(f".{text}" if parts else text)
+    return "".join(parts) or "body"
+
+
+_UNION_BRANCHES = {
+    "str", "int", "float", "bool", "dict", "list", "message", "output_message", "function_call",
+    "function_call_output", "reasoning", "ToolChoiceFunction",
+}
+
+
+def validation_errors(errors: list[dict[str, Any]], prefix: str = "") -> list[dict[str, str]]:
+    """Validation errors as [{field, message}], deepest location first (the most specific)."""
+    items = []
+    for error in sorted(errors, key=lambda e: -len(e.get("loc", ()))):
+        field = format_location(error.get("loc", ()))
+        if prefix:
+            field = f"{prefix}.{field}" if field != "body" else prefix
+        message = error.get("msg", "invalid")
+        if error.get("type") == "json_invalid":
+            field, message = "body", f"body is not valid JSON: {error.get('ctx', {}).get('error', message)}"
+        items.append({"field": field, "message": message})
+    # One error per field: unions report the same field once per branch.
+    seen: set[str] = set()
+    unique = []
+    for item in items:
+        if item["field"] not in seen:
+            seen.add(item["field"])
+            unique.append(item)
+    return unique
+
+
+def invalid_request(errors: list[dict[str, str]], status: int = 422) -> JSONBytesResponse:
+    first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+    message = f"field '{first['field']}': {first['message']}"
+    return JSONBytesResponse(error_body("invalid_request", message, field=first["field"], errors=errors), status)
+
+
+def parse_body(model: type[BaseModel], payload: Any, prefix: str = "") -> BaseModel:
+    """Validate a decoded body; a ValidationError becomes a 422 naming the field (raised as BadRequest)."""
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise BadRequest(validation_errors(exc.errors(), prefix)) from None
+
+
+class BadRequest(Exception):
+    """Raised inside a route for input that fails validation; answered with 422 and the field."""
+
+    def __init__(self, errors: list[dict[str, str]] | str, field: str = "body", status: int = 422) -> None:
+        if isinstance(errors, str):
+            errors = [{"field": field, "message": errors}]
+        super().__init__(errors[0]["message"] if errors else "invalid request")
+        self.errors = errors
+        self.status = status
+
+
+async def read_json(request: Request) -> Any:
+    """The request body decoded as JSON, or BadRequest(400) naming the problem."""
+    body = await request.body()
+    if not body:
+        raise BadRequest("request body is empty; a JSON object is required", status=400)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}", status=400) from None
+
+
+class BodyLimitMiddleware:
+    """Refuses bodies over `limit` bytes with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._refuse(send)
+                return
+        received = 0
+
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Any) -> None:
+        body = orjson.dumps(error_body("payload_too_large", f"request body exceeds {self.limit} bytes"))
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class BearerAuthMiddleware:
+    """Requires `Authorization: Bearer <token>` on every route but /health."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") != "/health":
+            supplied = dict(scope.get("headers", ())).get(b"authorization", b"")
+            if not secrets.compare_digest(supplied, self.expected):
+                body = orjson.dumps(error_body("unauthorized", "missing or wrong bearer token"))
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def current_session(request: Request) -> str:
+    """The caller's session id from its signed cookie; a new session (and cookie) when absent or forged."""
+    signer: SessionSigner = request.app.state.session_signer
+    session_id = signer.verify(request.cookies.get(SESSION_COOKIE))
+    if session_id is None:
+        session_id, cookie = signer.new()
+        # SessionCookieMiddleware adds it to whatever response the route returns.
+        request.state.session_cookie = f"{SESSION_COOKIE}={cookie}; HttpOnly; Path=/; SameSite=Strict".encode()
+    return session_id
+
+
+class SessionCookieMiddleware:
+    """Sends the Set-Cookie of a session created during the request, whatever response the route built."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cookie(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                cookie = scope.get("state", {}).get("session_cookie")
+                if cookie:
+                    message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)
+
+
+SessionId = Annotated[str, Depends(current_session)]
+
+
+class BaseServer:
+    """What every rollgym server has; subclasses add their role's routes in `add_routes`."""
+
+    role: ClassVar[str] = ""
+    config_class: ClassVar[type[ServerConfig]] = ServerConfig
+
+    def __init__(
+        self,
+        config: ServerConfig | None = None,
+        *,
+        name: str | None = None,
+        registry: Registry | None = None,
+        session_secret: str | None = None,
+    ) -> None:
+        self.config = config if config is not None else self.config_class()
+        self.name = name or type(self).__name__
+        if not is_loopback(self.config.host) and not self.config.auth_token:
+            raise ServerStartError(
+                f"server {self.name!r} would listen on {self.config.host}, beyond loopback, without auth_token; "
+                "set auth_token (for example auth_token=${oc.env:ROLLGYM_AUTH_TOKEN}) or bind 127.0.0.1"
+            )
+        self.client = ServerClient(
+            registry, timeout_s=self.config.client_timeout_s, max_retries=self.config.client_max_retries
+        )
+        self.session_signer = SessionSigner(session_secret or secrets.token_hex(32))
+
+    # Hooks for subclasses.
+    def add_routes(self, app: FastAPI) -> None:
+        """Register the role's routes."""
+
+    async def startup(self) -> None:
+        """Called once before the first request (load a model, open a database...)."""
+
+    async def shutdown(self) -> None:
+        """Called once at graceful shutdown."""
+
+    @asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        await self.startup()
+        try:
+            yield
+        finally:
+            await self.shutdown()
+            await self.client.close()
+
+    def build_app(self) -> FastAPI:
+        """The ASGI app of this server."""
+        app = FastAPI(
+            title=f"rollgym {self.role or 'server'}: {self.name}",
+            lifespan=self._lifespan,
+            default_response_class=JSONBytesResponse,
+        )
+        app.state.session_signer = self.session_signer
+        app.state.server = self
+        self._install_error_handlers(app)
+        app.add_middleware(SessionCookieMiddleware)
+        app.add_middleware(BodyLimitMiddleware, limit=self.config.max_body_bytes)
+        if self.config.auth_token:
+            app.add_middleware(BearerAuthMiddleware, token=self.config.auth_token)
+
+        @app.get("/health")
+        async def health() -> dict[str, str]:
+            return {"status": "ok", "name": self.name, "role": self.role}
+
+        self.add_routes(app)
+        return app
+
+    def _install_error_handlers(self, app: FastAPI) -> None:
+        @app.exception_handler(RequestValidationError)
+        async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+            errors = validation_errors(list(exc.errors()))
+            status = 400 if errors and errors[0]["field"] == "body" and "JSON" in errors[0]["message"] else 422
+            return invalid_request(errors, status)
+
+        @app.exception_handler(BadRequest)
+        async def on_bad_request(request: Request, exc: BadRequest) -> Response:
+            return invalid_request(exc.errors, exc.status)
+
+        @app.exception_handler(StarletteHTTPException)
+        async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+            kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+            message = str(exc.detail)
+            if exc.status_code == 404 and exc.detail == "Not Found":
+                message = f"no route {request.method} {request.url.path}"
+            return JSONBytesResponse(error_body(kind, message), exc.status_code, headers=exc.headers)
+
+        @app.exception_handler(Exception)
+        async def on_crash(request: Request, exc: Exception) -> Response:
+            # The trace goes to the server's log; the caller gets the cause, not the stack.
+            logger.exception("unhandled error in %s %s", request.method, request.url.path)
+            message = f"{type(exc).__name__}: {exc}"[:1000]
+            return JSONBytesResponse(error_body("internal_error", message), 500)
