@@ -4,25 +4,75 @@ The public API: the three server roles and their building blocks, the client, co
 launcher and the collector. Environments import from here; nothing here imports a server folder.
 """
 
-from .agent import AgentServer
-from .client import Reply, ServerAddress, ServerCallError, ServerClient
-from .collector import CollectOptions, Collector
-from .config import ConfigError, StackConfig, load_stack
-from .launcher import Stack
-from .model import ModelServer, build_response
-from .resources import ResourcesServer, ResourcesServerConfig, Verdict, tool
-from .schema import (
-    FAILURE_STATUSES,
-    POLICY_STATUSES,
-    ModelResponse,
-    ResponsesCreateParams,
-    RunRequest,
-    RunResponse,
-    VerifyRequest,
-    VerifyResponse,
-)
-from .sequences import merge_sequences
-from .server import BadRequest, BaseServer, ServerConfig, ServerRef, SessionId
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use, so `rollgym.cli` and small helpers start without loading every
+# server dependency.
+_EXPORTS = {
+    "AgentServer": ".agent",
+    "BadRequest": ".server",
+    "BaseServer": ".server",
+    "CollectOptions": ".collector",
+    "Collector": ".collector",
+    "ConfigError": ".config",
+    "FAILURE_STATUSES": ".schema",
+    "ModelResponse": ".schema",
+    "ModelServer": ".model",
+    "POLICY_STATUSES": ".schema",
+    "Reply": ".client",
+    "ResourcesServer": ".resources",
+    "ResourcesServerConfig": ".resources",
+    "ResponsesCreateParams": ".schema",
+    "RunRequest": ".schema",
+    "RunResponse": ".schema",
+    "ServerAddress": ".client",
+    "ServerCallError": ".client",
+    "ServerClient": ".client",
+    "ServerConfig": ".server",
+    "ServerRef": ".server",
+    "SessionId": ".server",
+    "Stack": ".launcher",
+    "StackConfig": ".config",
+    "Verdict": ".resources",
+    "VerifyRequest": ".schema",
+    "VerifyResponse": ".schema",
+    "build_response": ".model",
+    "load_stack": ".config",
+    "merge_sequences": ".sequences",
+    "tool": ".resources",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollgym' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from .agent import AgentServer
+    from .client import Reply, ServerAddress, ServerCallError, ServerClient
+    from .collector import CollectOptions, Collector
+    from .config import ConfigError, StackConfig, load_stack
+    from .launcher import Stack
+    from .model import ModelServer, build_response
+    from .resources import ResourcesServer, ResourcesServerConfig, Verdict, tool
+    from .schema import (
+        FAILURE_STATUSES,
+        POLICY_STATUSES,
+        ModelResponse,
+        ResponsesCreateParams,
+        RunRequest,
+        RunResponse,
+        VerifyRequest,
+        VerifyResponse,
+    )
+    from .sequences import merge_sequences
+    from .server import BadRequest, BaseServer, ServerConfig, ServerRef, SessionId
 
 __all__ = [
     "FAILURE_STATUSES",

@@ -3,6 +3,11 @@
 The launcher binds each server's listening socket itself (a free loopback port unless the config
 names one) and passes it to the child, so the whole registry is known before any child starts and
 no two servers race for a port. Children die with the launcher (PR_SET_PDEATHSIG on Linux).
+
+To start in about the time of one Python import instead of one per server, the launcher imports
+the server code once and forks each child from itself. Forking is only safe from a process with a
+single thread, so with other threads running (inside a test runner, say) children are spawned as
+fresh interpreters instead.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,11 +50,12 @@ def _die_with_parent() -> None:
 class Stack:
     """A running stack: `with Stack(config) as registry: ...` or `start()` / `stop()`."""
 
-    def __init__(self, config: StackConfig, *, python: str | None = None) -> None:
+    def __init__(self, config: StackConfig, *, python: str | None = None, fork: bool = True) -> None:
         self.config = config
         self.python = python or sys.executable
+        self.fork = fork and python is None
         self.registry: dict[str, ServerAddress] = {}
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, subprocess.Popen | ForkedServer] = {}
         self.startup_s: float | None = None
         self._sockets: dict[str, socket.socket] = {}
         self._state_dir: tempfile.TemporaryDirectory | None = None
@@ -64,14 +71,22 @@ class Stack:
         started = time.perf_counter()
         try:
             self._bind_sockets()
-            stack_file = self._write_stack_file()
+            stack_file, stack = self._write_stack_file()
+            use_fork = self.fork and hasattr(os, "fork") and threading.active_count() == 1
+            if use_fork:
+                from . import serve
+
+                serve.preload(stack)
             for name, sock in self._sockets.items():
                 fd = sock.fileno()
-                self.processes[name] = subprocess.Popen(
-                    [self.python, "-m", "rollgym.serve", stack_file, name, "--fd", str(fd)],
-                    pass_fds=(fd,),
-                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                )
+                if use_fork:
+                    self.processes[name] = ForkedServer(stack, name, sock, list(self._sockets.values()))
+                else:
+                    self.processes[name] = subprocess.Popen(
+                        [self.python, "-m", "rollgym.serve", stack_file, name, "--fd", str(fd)],
+                        pass_fds=(fd,),
+                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                    )
             for sock in self._sockets.values():
                 sock.close()  # the children hold their copies
             asyncio.run(self._wait_healthy(timeout_s))
@@ -104,7 +119,7 @@ class Stack:
                 url=f"http://{reach}:{bound_port}", role=spec.role, auth_token=spec.options.get("auth_token")
             )
 
-    def _write_stack_file(self) -> str:
+    def _write_stack_file(self) -> tuple[str, dict[str, Any]]:
         self._state_dir = tempfile.TemporaryDirectory(prefix="rollgym-stack-")
         path = Path(self._state_dir.name) / "stack.json"
         payload = {
@@ -113,9 +128,9 @@ class Stack:
             # One random secret per stack signs every server's session cookies.
             "secret": secrets.token_hex(32),
         }
+        path.touch(0o600)
         path.write_bytes(orjson.dumps(payload))
-        path.chmod(0o600)
-        return str(path)
+        return str(path), payload
 
     async def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -171,5 +186,56 @@ class Stack:
 
     def kill(self, name: str) -> None:
         """SIGKILL one server (used by fault tests)."""
-        os.kill(self.processes[name].pid, signal.SIGKILL)
+        self.processes[name].kill()
         self.processes[name].wait()
+
+
+class ForkedServer:
+    """A server child forked from the launcher, with the part of Popen's interface the Stack uses."""
+
+    def __init__(self, stack: dict[str, Any], name: str, sock: socket.socket, all_sockets: list[socket.socket]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: serve, never return into the launcher's code
+            code = 1
+            try:
+                _die_with_parent()
+                for other in all_sockets:
+                    if other is not sock:
+                        other.close()
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                from .serve import run_server
+
+                code = run_server(stack, name, sock.fileno())
+            except BaseException as exc:  # noqa: BLE001 - report anything, then leave
+                print(f"rollgym: server '{name}' crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"server pid {self.pid}", timeout or 0)
+            time.sleep(0.01)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)

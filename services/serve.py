@@ -49,18 +49,29 @@ def build_server(spec: ServerSpec, stack: dict[str, Any]) -> BaseServer:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rollgym.serve")
-    parser.add_argument("stack_file")
-    parser.add_argument("name")
-    parser.add_argument("--fd", type=int, default=None, help="an inherited, bound listening socket")
-    args = parser.parse_args(argv)
-    stack = orjson.loads(Path(args.stack_file).read_bytes())
-    spec = ServerSpec(**stack["servers"][args.name])
+def preload(stack: dict[str, Any]) -> None:
+    """Import what every server needs, and each server's module, so forked children start warm."""
+    import uvicorn  # noqa: F401
+
+    from . import agent, model, resources  # noqa: F401
+
+    for entry in stack["servers"].values():
+        try:
+            load_server_class(ServerSpec(**entry))
+        except Exception:
+            pass  # the child reports it with the server's name
+
+
+def run_server(stack: dict[str, Any], name: str, fd: int | None) -> int:
+    """Build and serve one server of `stack` until it is told to stop; returns the exit code."""
+    spec = ServerSpec(**stack["servers"][name])
     try:
         server = build_server(spec, stack)
     except ServerStartError as exc:
-        print(f"rollgym: server '{args.name}' cannot start:\n{exc}", file=sys.stderr)
+        print(f"rollgym: server '{name}' cannot start:\n{exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # an import error in the server's own code
+        print(f"rollgym: server '{name}' cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     import uvicorn
 
@@ -68,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         server.build_app(),
         host=server.config.host,
         port=server.config.port,
-        fd=args.fd,
+        fd=fd,
         loop="uvloop",
         http="httptools",
         log_level="warning",
@@ -79,6 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     uvicorn.Server(config).run()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rollgym.serve")
+    parser.add_argument("stack_file")
+    parser.add_argument("name")
+    parser.add_argument("--fd", type=int, default=None, help="an inherited, bound listening socket")
+    args = parser.parse_args(argv)
+    stack = orjson.loads(Path(args.stack_file).read_bytes())
+    return run_server(stack, args.name, args.fd)
 
 
 if __name__ == "__main__":
