@@ -85,6 +85,14 @@ def cmd_collect(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.concurrency < 1 or args.max_attempts < 1:
         raise UsageError("--repeats, --concurrency and --max-attempts must be at least 1")
     params: dict[str, Any] = {}
+    for item in args.param or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r} must look like KEY=JSON, e.g. tool_choice=\"required\"")
+        try:
+            params[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            params[key] = value  # a bare word such as required or auto
     for key in ("temperature", "top_p", "max_output_tokens", "model"):
         value = getattr(args, key)
         if value is not None:
@@ -183,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--top-p", type=float, dest="top_p")
     collect.add_argument("--max-output-tokens", type=int, dest="max_output_tokens")
     collect.add_argument("--model", help="the model name sent to the model server")
+    collect.add_argument("--param", action="append", metavar="KEY=JSON",
+                         help="set any responses_create_params key on every task, e.g. "
+                              "--param 'tool_choice={\"type\": \"function\", \"name\": \"get_weather\"}'")
     collect.add_argument("--max-attempts", type=int, default=3, help="tries per rollout on infrastructure failure")
     collect.add_argument("--timeout", type=float, default=3600.0, help="seconds one rollout may take")
     collect.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass for pass@k")

@@ -20,7 +20,7 @@ from openai.types.responses import (
     ToolChoiceFunction,
 )
 from openai.types.responses.response_input_item import FunctionCallOutput as _FunctionCallOutput
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
@@ -122,13 +122,14 @@ class ResponsesCreateParams(BaseModel):
     metadata: dict[str, str] | None = None
     seed: int | None = None
 
-    @model_validator(mode="after")
-    def _named_tool_exists(self) -> "ResponsesCreateParams":
-        if isinstance(self.tool_choice, ToolChoiceFunction):
-            names = {tool.name for tool in self.tools or []}
-            if self.tool_choice.name not in names:
-                raise ValueError(f"tool_choice names function {self.tool_choice.name!r}, which is not in tools")
-        return self
+    @field_validator("tool_choice")
+    @classmethod
+    def _named_tool_exists(cls, choice: Any, info: ValidationInfo) -> Any:
+        if isinstance(choice, ToolChoiceFunction):
+            names = {tool.name for tool in info.data.get("tools") or []}
+            if choice.name not in names:
+                raise ValueError(f"names function {choice.name!r}, which is not in tools")
+        return choice
 
 
 class ModelResponse(Response):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import secrets
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, AsyncIterator, ClassVar
@@ -85,14 +86,15 @@ def format_location(loc: tuple[Any, ...] | list[Any]) -> str:
             parts.append(f"[{element}]")
             continue
         text = str(element)
-        # pydantic names the branch it tried in unions ("function_call", "list[...]", "str"); users
-        # did not write those, so they are left out of the field path.
-        if "[" in text or "(" in text or text in _UNION_BRANCHES:
+        # pydantic names the branch it tried in unions ("function_call", "list[...]", "str", or a
+        # model class such as "ResponseInputText"); users did not write those, so they are left out.
+        if "[" in text or "(" in text or text in _UNION_BRANCHES or _CLASS_NAME.match(text):
             continue
         parts.append(f".{text}" if parts else text)
     return "".join(parts) or "body"
 
 
+_CLASS_NAME = re.compile(r"^[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+$")
 _UNION_BRANCHES = {
     "str", "int", "float", "bool", "dict", "list", "message", "output_message", "function_call",
     "function_call_output", "reasoning", "ToolChoiceFunction",

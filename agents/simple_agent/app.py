@@ -187,7 +187,7 @@ class SimpleAgent(AgentServer):
         if not isinstance(arguments, dict):
             return f"Error: the arguments of {name} must be a JSON object, not {type(arguments).__name__}."
         reply = await self._env_call(f"/{name}", arguments, cookies, loop, tool=True)
-        if reply.status == 404:
+        if reply.status in (404, 405):  # no such route, or a route that is not a tool (GET /docs)
             return f"Error: unknown tool '{name}'."
         if 400 <= reply.status < 500:
             return f"Error: invalid arguments for {name}: {reply.error_message()}"

@@ -96,7 +96,10 @@ def token_triple(chat: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if generated is None:
         # Older vLLM: ids only inside the `token_id:<id>` strings of return_tokens_as_token_ids.
-        generated = [int(str(entry["token"]).removeprefix("token_id:")) for entry in content]
+        tokens = [str(entry.get("token", "")) for entry in content]
+        if not all(token.startswith("token_id:") and token[9:].isdigit() for token in tokens):
+            return None  # the backend sent token text, not ids: no exact token record
+        generated = [int(token[9:]) for token in tokens]
     logprobs = [float(entry["logprob"]) for entry in content]
     if len(logprobs) != len(generated):
         return None
