@@ -166,6 +166,19 @@ def print_summary(summary: dict[str, Any], options: CollectOptions) -> None:
     print("\n".join(lines))
 
 
+def cmd_data_tool(args: argparse.Namespace) -> int:
+    """export, curriculum and prepare-data: the module's `command(args)`; its DataError is a usage error."""
+    import importlib
+
+    from .export import DataError
+
+    module = importlib.import_module(f".{args.data_module}", __package__)
+    try:
+        return module.command(args)
+    except DataError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollgym", description="Rollouts and rewards for RL of LLM agents.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -199,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass for pass@k")
     collect.add_argument("--no-progress", action="store_true", help="no progress bar")
     collect.set_defaults(handler=cmd_collect)
+
+    # Trainer-side data tools; each module declares its own options (services/export.py, ...).
+    from . import curriculum, export, prepare
+
+    for module in (export, curriculum, prepare):
+        module.register(commands, cmd_data_tool)
     return parser
 
 
