@@ -4,24 +4,40 @@ An environment subclasses `ResourcesServer`, declares its task row (`task_model`
 methods with `@tool`, and implements `verify`. The base serves `POST /seed_session`, one
 `POST /{tool}` per tool, `POST /verify` and `GET /tools`, keeping per-session state in a store keyed
 by the signed session cookie the agent carries through one rollout.
+
+Session state lives in a store chosen by config (`session_store`): "memory" (the default, one
+process, any Python object) or "sqlite" (JSON per session in a file shared by the server's worker
+processes; see rollgym.sessions). Every route loads the state before the environment's method runs
+and saves it after (`async with self.sessions.session(id) as state`); calls of one session run one
+at a time. Environments still just receive and mutate `state: dict`.
 """
 
 from __future__ import annotations
 
 import inspect
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, ClassVar, get_type_hints
+from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Literal, get_type_hints
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from .schema import RunRequest, VerifyRequest
-from .server import BaseServer, JSONBytesResponse, ServerConfig, SessionId, parse_body, read_json
-from .sessions import SessionStore
+from .server import BaseServer, JSONBytesResponse, ServerConfig, ServerStartError, SessionId, parse_body, read_json
+from .sessions import AnySessionStore, default_session_db, make_session_store
 
 
 class ResourcesServerConfig(ServerConfig):
     session_ttl_s: float = Field(default=3600.0, gt=0, description="idle sessions are dropped after this")
+    session_store: Literal["memory", "sqlite"] = Field(
+        default="memory",
+        description="memory: one process, any Python object in the state; "
+        "sqlite: JSON state in a file shared by the server's worker processes",
+    )
+    session_db: str | None = Field(
+        default=None,
+        description="the sqlite session file; default: one per stack and server in the temp directory",
+    )
 
 
 @dataclass
@@ -77,7 +93,7 @@ class ResourcesServer(BaseServer):
 
     def __init__(self, config: ServerConfig | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.sessions = SessionStore(ttl_s=getattr(self.config, "session_ttl_s", 3600.0))
+        self.sessions: AnySessionStore = self._make_session_store()
         self.tools = self._discover_tools()
         task_model = self.task_model
         # The verify body is the environment's task row plus the final response.
@@ -93,21 +109,49 @@ class ResourcesServer(BaseServer):
         """The reward of a finished rollout: `request` is the task row plus the final `response`."""
         raise NotImplementedError
 
+    # --- session state -------------------------------------------------------------------------
+    def _make_session_store(self) -> AnySessionStore:
+        kind = getattr(self.config, "session_store", "memory")
+        ttl_s = getattr(self.config, "session_ttl_s", 3600.0)
+        path = getattr(self.config, "session_db", None)
+        if kind == "sqlite" and not path:
+            # The same file for every worker of this server (same stack secret and name), none other's.
+            path = str(default_session_db(self.name, self.session_signer.fingerprint("sessions", self.name)))
+        try:
+            return make_session_store(kind, ttl_s, path)
+        except Exception as exc:  # ValueError, OSError, sqlite3.Error: a bad path or an unusable file
+            raise ServerStartError(f"server {self.name!r}: cannot open its session store: {type(exc).__name__}: {exc}") from None
+
+    @asynccontextmanager
+    async def session_state(self, session_id: str) -> AsyncIterator[dict[str, Any]]:
+        """A session's state for one call: loaded (and the session locked) before, saved after."""
+        async with self.sessions.session(session_id) as state:
+            yield state
+
+    @asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        try:
+            async with super()._lifespan(app):
+                yield
+        finally:
+            self.sessions.close()
+
     # --- routes --------------------------------------------------------------------------------
     def add_routes(self, app: FastAPI) -> None:
         @app.post("/seed_session")
         async def seed_session(request: Request, session_id: SessionId) -> JSONBytesResponse:
             task = parse_body(self.task_model, await read_json(request))
-            state = self.sessions.get(session_id)
-            state.clear()
-            await self.seed(task, state)
+            async with self.session_state(session_id) as state:
+                state.clear()
+                await self.seed(task, state)
             return JSONBytesResponse({})
 
         @app.post("/verify")
         async def verify(request: Request, session_id: SessionId) -> JSONBytesResponse:
             payload = await read_json(request)
             body = parse_body(self.verify_model, payload)
-            outcome = await self.verify(body, self.sessions.get(session_id))
+            async with self.session_state(session_id) as state:
+                outcome = await self.verify(body, state)
             verdict = outcome if isinstance(outcome, Verdict) else Verdict(float(outcome))
             # Echo the request as received (no re-serialisation drift), then the verdict.
             answer = {**payload, **verdict.details, "reward": float(verdict.reward)}
@@ -127,7 +171,8 @@ class ResourcesServer(BaseServer):
 
         async def call_tool(request: Request, session_id: SessionId) -> Any:
             args = parse_body(spec.args_model, await read_json(request))
-            result = await method(args, self.sessions.get(session_id))
+            async with self.session_state(session_id) as state:
+                result = await method(args, state)
             if isinstance(result, str):
                 return JSONBytesResponse(result.encode(), media_type="text/plain; charset=utf-8")
             return JSONBytesResponse(result)
