@@ -1,0 +1,1 @@
+"""Embedded llama.cpp model backend for rollgym (see engine.py)."""

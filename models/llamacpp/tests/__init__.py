@@ -1,0 +1,1 @@
+"""Tests for the embedded llama.cpp engine (real model, no mocks)."""
