@@ -18,8 +18,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.
+DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
+
 demo: install
-	$(VENV)/bin/rollgym demo
+	$(VENV)/bin/rollgym collect-rollouts --config resources_servers/reverse_text/configs/reverse_text.yaml \
+		--input resources_servers/reverse_text/data/train.jsonl --limit 50 --repeats 4 --concurrency 8 \
+		--output $(DEMO_DIR)/reverse_text.jsonl
+	$(VENV)/bin/rollgym collect-rollouts --config resources_servers/weather/configs/weather.yaml \
+		--input resources_servers/weather/data/example.jsonl --repeats 4 --concurrency 8 \
+		--param 'tool_choice={"type": "function", "name": "get_weather"}' \
+		--output $(DEMO_DIR)/weather.jsonl
 
 test: install
 	$(PY) -m pytest -q
