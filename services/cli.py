@@ -179,6 +179,38 @@ def cmd_data_tool(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
 
 
+def cmd_test(args: argparse.Namespace) -> int:
+    from .folder_check import check_folder, server_folders
+
+    if args.all:
+        folders = server_folders(Path.cwd())
+        if not folders:
+            raise UsageError("--all: no server folders here; run it from the repository root")
+    elif args.folders:
+        folders = [Path(folder) for folder in args.folders]
+    else:
+        raise UsageError("name a server folder (e.g. resources_servers/weather) or pass --all")
+    reports = [check_folder(folder, run_tests=not args.no_tests) for folder in folders]
+    failed = [report for report in reports if not report.ok]
+    print(f"{len(reports) - len(failed)} passed, {len(failed)} failed")
+    for report in failed:
+        print(f"  failed: {report.folder.parent.name}/{report.folder.name}")
+    return 1 if failed else 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from .scaffold import scaffold
+
+    try:
+        written = scaffold(Path(args.folder))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for path in written:
+        print(f"  wrote {path}")
+    print(f"next: edit {args.folder}/app.py, then `rollgym test {args.folder}`")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollgym", description="Rollouts and rewards for RL of LLM agents.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -212,6 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass for pass@k")
     collect.add_argument("--no-progress", action="store_true", help="no progress bar")
     collect.set_defaults(handler=cmd_collect)
+
+    test = commands.add_parser("test", help="a server folder's tests, then a live check of its server")
+    test.add_argument("folders", nargs="*", metavar="FOLDER", help="e.g. resources_servers/weather")
+    test.add_argument("--all", action="store_true", help="every folder under models/, agents/, resources_servers/")
+    test.add_argument("--no-tests", action="store_true", help="only the live check")
+    test.set_defaults(handler=cmd_test)
+
+    init = commands.add_parser("init", help="scaffold a new environment folder that passes `rollgym test`")
+    init.add_argument("folder", metavar="resources_servers/NAME")
+    init.set_defaults(handler=cmd_init)
 
     # Trainer-side data tools; each module declares its own options (services/export.py, ...).
     from . import curriculum, export, prepare

@@ -1,0 +1,50 @@
+"""`rollgym init` scaffolds an environment that passes `rollgym test` as is; `rollgym test` fails loudly."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import uuid
+
+from rollgym.testing import REPO_ROOT
+
+
+def rollgym(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollgym.cli", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_init_then_test_passes_and_a_broken_check_fails() -> None:
+    name = f"scaffold_{uuid.uuid4().hex[:8]}"
+    folder = REPO_ROOT / "resources_servers" / name
+    try:
+        created = rollgym("init", f"resources_servers/{name}")
+        assert created.returncode == 0, created.stderr
+        for relative in ("app.py", f"configs/{name}.yaml", "data/example.jsonl", "data/checks.jsonl",
+                         f"tests/test_{name}.py", "README.md"):
+            assert (folder / relative).is_file(), relative
+        checked = rollgym("test", f"resources_servers/{name}")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "5 of 5 example rows accepted by /seed_session" in checked.stdout
+        assert "check 1: reward 1.0 (expected 1.0)" in checked.stdout
+        assert checked.stdout.strip().endswith("1 passed, 0 failed")
+
+        again = rollgym("init", f"resources_servers/{name}")
+        assert again.returncode == 2 and "already exists" in again.stderr
+
+        # A known-good answer that the environment does not reward is reported, with a non-zero exit.
+        (folder / "data" / "checks.jsonl").write_text('{"example": 0, "answer": "wrong", "reward": 1.0}\n')
+        broken = rollgym("test", "--no-tests", f"resources_servers/{name}")
+        assert broken.returncode == 1
+        assert "FAIL check 1: reward 0.0 (expected 1.0)" in broken.stdout
+        assert "FAIL data/checks.jsonl has 1 known-good and 0 known-bad answers" in broken.stdout
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_bad_arguments() -> None:
+    assert "must be lower_snake_case" in rollgym("init", "resources_servers/Bad-Name").stderr
+    assert "goes in resources_servers/NAME" in rollgym("init", "elsewhere/thing").stderr
+    result = rollgym("test", "docs")
+    assert result.returncode == 1 and "is not a server folder" in result.stdout
