@@ -1,7 +1,7 @@
 """The rollout collector: tasks JSONL in, one JSON line per finished rollout out, resumable.
 
 Every task is repeated `repeats` times (one `group_id` per task, a stable `rollout_id` per repeat);
-a semaphore bounds the rollouts in flight; each finished rollout is appended and flushed as it
+a fixed pool of `concurrency` workers bounds the rollouts in flight; each finished rollout is appended and flushed as it
 completes, so a killed run loses nothing finished and a rerun skips what is already written.
 Infrastructure failures go to the failures file and are retried within bounds; they are never
 written as a reward.
@@ -160,37 +160,37 @@ class Collector:
         done, note = scan_output(options.output)
         if note:
             self.log(note)
-        jobs = [(task, k) for task in tasks for k in range(options.repeats) if task.rollout_id(k) not in done]
         total = len(tasks) * options.repeats
+        remaining = sum(1 for task in tasks for k in range(options.repeats) if task.rollout_id(k) not in done)
         if done:
-            self.log(f"resuming: {total - len(jobs)} of {total} rollouts already in {options.output}")
+            self.log(f"resuming: {total - remaining} of {total} rollouts already in {options.output}")
+        # One shared iterator feeds a fixed pool of workers: memory stays O(concurrency), not O(rollouts).
+        jobs = ((task, k) for task in tasks for k in range(options.repeats) if task.rollout_id(k) not in done)
         failures_path, metrics_path = companion_paths(options.output)
         started = time.perf_counter()
         records = dict(done)
-        bar = _progress_bar(total, total - len(jobs), options.progress)
-        semaphore = asyncio.Semaphore(options.concurrency)
+        bar = _progress_bar(total, total - remaining, options.progress)
         reward_sum = sum(r.reward for r in records.values())
         with options.output.open("ab") as out, failures_path.open("ab") as failures:
 
-            async def one(task: Task, repeat: int) -> None:
+            async def worker() -> None:
                 nonlocal reward_sum
-                async with semaphore:
+                for task, repeat in jobs:
                     rollout = await self._rollout(task, repeat, failures)
-                if rollout is None:
+                    if rollout is not None:
+                        out.write(orjson.dumps(rollout, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+                        out.flush()
+                        record = RolloutRecord.from_rollout(rollout)
+                        records[rollout["rollout_id"]] = record
+                        reward_sum += record.reward
+                        self.written += 1
                     bar.update(1)
                     bar.set_postfix(mean_reward=_mean(reward_sum, len(records)), failed=self.failed_final, refresh=False)
-                    return
-                out.write(orjson.dumps(rollout, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-                out.flush()
-                record = RolloutRecord.from_rollout(rollout)
-                records[rollout["rollout_id"]] = record
-                reward_sum += record.reward
-                self.written += 1
-                bar.update(1)
-                bar.set_postfix(mean_reward=_mean(reward_sum, len(records)), failed=self.failed_final, refresh=False)
 
             try:
-                await asyncio.gather(*(one(task, k) for task, k in jobs))
+                async with asyncio.TaskGroup() as group:
+                    for _ in range(min(options.concurrency, remaining)):
+                        group.create_task(worker())
             finally:
                 bar.close()
                 os.fsync(out.fileno())
