@@ -26,7 +26,7 @@ demo: install
 		--input resources_servers/reverse_text/data/train.jsonl --limit 50 --repeats 4 --concurrency 8 \
 		--output $(DEMO_DIR)/reverse_text.jsonl
 	$(VENV)/bin/rollgym collect-rollouts --config resources_servers/weather/configs/weather.yaml \
-		--input resources_servers/weather/data/example.jsonl --repeats 4 --concurrency 8 \
+		--input resources_servers/weather/data/example.jsonl --repeats 4 --concurrency 8 --max-output-tokens 64 \
 		--param 'tool_choice={"type": "function", "name": "get_weather"}' \
 		--output $(DEMO_DIR)/weather.jsonl
 
