@@ -18,6 +18,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The tests also run one real GRPO step with TRL on CPU (torch, transformers, trl).
+$(VENV)/.installed-trl: $(VENV)/.installed
+	$(PIP) install --quiet -e ".[test,llamacpp,trl]"
+	touch $@
+
 # Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.
 DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
@@ -30,7 +35,7 @@ demo: install
 		--param 'tool_choice={"type": "function", "name": "get_weather"}' \
 		--output $(DEMO_DIR)/weather.jsonl
 
-test: install
+test: $(VENV)/.installed-trl
 	$(PY) -m pytest -q
 
 clean:

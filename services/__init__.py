@@ -23,6 +23,10 @@ _EXPORTS = {
     "Reply": ".client",
     "ResourcesServer": ".resources",
     "ResourcesServerConfig": ".resources",
+    "RolloutClient": ".rollout_client",
+    "RolloutFailure": ".rollout_client",
+    "RolloutResult": ".rollout_client",
+    "RolloutsFailed": ".rollout_client",
     "ResponsesCreateParams": ".schema",
     "RunRequest": ".schema",
     "RunResponse": ".schema",
@@ -61,6 +65,7 @@ if TYPE_CHECKING:
     from .launcher import Stack
     from .model import ModelServer, build_response
     from .resources import ResourcesServer, ResourcesServerConfig, Verdict, tool
+    from .rollout_client import RolloutClient, RolloutFailure, RolloutResult, RolloutsFailed
     from .schema import (
         FAILURE_STATUSES,
         POLICY_STATUSES,
@@ -89,6 +94,10 @@ __all__ = [
     "ResourcesServer",
     "ResourcesServerConfig",
     "ResponsesCreateParams",
+    "RolloutClient",
+    "RolloutFailure",
+    "RolloutResult",
+    "RolloutsFailed",
     "RunRequest",
     "RunResponse",
     "ServerAddress",
