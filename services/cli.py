@@ -40,13 +40,13 @@ def print_registry(registry: dict[str, ServerAddress], config: StackConfig) -> N
     width = max(len(name) for name in registry)
     for name, address in registry.items():
         spec = config.servers[name]
-        print(f"  {name:<{width}}  {address.url}  ({spec.role}/{spec.folder})")
+        print(f"  {name:<{width}}  {' '.join(address.urls)}  ({spec.role}/{spec.folder})")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     files, overrides = split_configs(args.configs)
     config = load_stack(files, overrides)
-    stack = Stack(config)
+    stack = _stack_for(config, args.ray)
     stopping = False
 
     def on_sigterm(signum: int, frame: Any) -> None:
@@ -107,17 +107,20 @@ def cmd_collect(args: argparse.Namespace) -> int:
         if args.config:
             files, overrides = split_configs(args.config)
             config = load_stack(files, overrides)
-            stack = Stack(config)
+            stack = _stack_for(config, args.ray)
             registry = stack.start()
             print(f"rollgym: stack ready in {time.perf_counter() - STARTED:.2f} s", file=sys.stderr)
         elif args.registry_file:
             registry = registry_from_json(orjson.loads(Path(args.registry_file).read_bytes()))
         elif args.agent_url:
             registry = {"agent": ServerAddress(url=args.agent_url, role="agents")}
+        elif _env_registry() is not None:  # a container of a compose stack (services/compose.py)
+            registry = _env_registry()
         else:
-            raise UsageError("say where the agent is: --config FILE... (start a stack), --registry-file, or --agent-url")
+            raise UsageError("say where the agent is: --config FILE... (start a stack), --registry-file, "
+                             "--agent-url, or ROLLGYM_REGISTRY")
         agent = _pick_agent(registry, args.agent)
-        summary = asyncio.run(_collect(registry, agent, options, args.concurrency))
+        summary = _run_collection(args, registry, agent, options)
     finally:
         if stack is not None:
             stack.stop()
@@ -211,6 +214,122 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_tokens(args: argparse.Namespace) -> int:
+    from .token_check import CheckUsageError, command
+
+    try:
+        return command(args)
+    except CheckUsageError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# --- deployment: Ray, containers (docs/deploy.md) ---------------------------------------------------
+
+
+def _stack_for(config: StackConfig, ray_address: str | None) -> Any:
+    """The local launcher's Stack, or with `--ray [ADDRESS]` the stack as Ray actors."""
+    if ray_address is None:
+        return Stack(config)
+    if ray_address.endswith((".yaml", ".yml")) or "=" in ray_address or Path(ray_address).is_file():
+        raise UsageError(f"--ray took {ray_address!r} as the cluster address: put --ray after the configs, "
+                         "or write --ray=ADDRESS")
+    from .ray_runner import RayStack
+
+    return RayStack(config, ray_address or None)
+
+
+def _run_collection(args: argparse.Namespace, registry: dict[str, ServerAddress], agent: str,
+                    options: CollectOptions) -> dict[str, Any]:
+    if args.ray is None:
+        return asyncio.run(_collect(registry, agent, options, args.concurrency))
+    if args.ray_collectors < 1:
+        raise UsageError("--ray-collectors must be at least 1")
+    from .ray_runner import collect_on_ray
+
+    return collect_on_ray(registry, agent, options, address=args.ray or None, collectors=args.ray_collectors,
+                          log=lambda message: print(f"rollgym: {message}", file=sys.stderr))
+
+
+def _env_registry() -> dict[str, ServerAddress] | None:
+    import os
+
+    from .client import registry_from_env
+
+    try:
+        return registry_from_env(os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_serve_one(args: argparse.Namespace) -> int:
+    """One server of a stack (all its replicas), the others located by the registry: a container's command."""
+    import os
+
+    from .client import AUTH_TOKEN_ENV, REGISTRY_ENV, parse_registry_items
+    from .compose import missing_references, single_server_stack
+
+    files, overrides = split_configs(args.configs)
+    config = load_stack(files, overrides)
+    token = os.environ.get(AUTH_TOKEN_ENV) or None
+    registry = _env_registry() or {}
+    try:
+        if args.registry_file:
+            registry.update(registry_from_json(orjson.loads(Path(args.registry_file).read_bytes()), auth_token=token))
+        registry.update(parse_registry_items(args.registry or [], auth_token=token))
+    except (ValueError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    served = single_server_stack(config, args.name, host=args.host, port=args.port)
+    missing = missing_references(config, args.name, registry)
+    if missing:
+        raise UsageError(f"server '{args.name}' calls {', '.join(missing)}: say where with "
+                         f"--registry NAME=URL, --registry-file or {REGISTRY_ENV}")
+    stack = Stack(served, registry=registry)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)  # `docker stop`; as PID 1 nothing else would end it
+    try:
+        stack.start()
+        print(f"rollgym: server '{args.name}' ready in {time.perf_counter() - STARTED:.2f} s", flush=True)
+        for process_name in stack.replicas(args.name):
+            print(f"  {process_name}  {stack.replica_url(process_name)}", flush=True)
+        while True:
+            time.sleep(0.2)
+            dead = stack.dead()
+            if dead:
+                print(f"rollgym: server '{dead[0]}' exited with code {dead[1]}", file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+
+
+def cmd_compose(args: argparse.Namespace) -> int:
+    """Print the docker-compose project (or the external-model override) of a stack."""
+    import shlex
+
+    from .compose import ComposeOptions, compose_project, external_model_override, header, to_yaml
+
+    files, overrides = split_configs(args.configs)
+    config = load_stack(files, overrides)
+    options = ComposeOptions(port=args.port, image=args.image, collect_agent=args.collect_agent,
+                             collect_input=args.collect_input)
+    flags = ["--external-model"] if args.external_model else []
+    for flag, value, default in (("--port", args.port, ComposeOptions.port), ("--image", args.image, ComposeOptions.image),
+                                 ("--collect-agent", args.collect_agent, None), ("--collect-input", args.collect_input, None)):
+        if value != default:
+            flags += [flag, str(value)]
+    command = " ".join(["rollgym compose", *map(shlex.quote, [*args.configs, *flags])])
+    if args.external_model:
+        project = external_model_override(config, files, overrides, options)
+    else:
+        project = compose_project(config, files, overrides, options)
+    sys.stdout.write(to_yaml(project, header(command, external_model=args.external_model)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollgym", description="Rollouts and rewards for RL of LLM agents.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -219,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("configs", nargs="+", metavar="CONFIG_OR_OVERRIDE",
                      help="server config files (configs/*.yaml) and key.path=value overrides")
     run.add_argument("--registry-file", help="also write the registry (name -> URL) to this JSON file")
+    run.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                     help="start the servers as actors of a Ray cluster (pip install 'rollgym[ray]'); ADDRESS: "
+                          "HOST:PORT, auto, local or ray://...; none: the cluster of this machine, else a new one")
     run.set_defaults(handler=cmd_run)
 
     collect = commands.add_parser("collect-rollouts", help="run tasks through an agent and write rollouts JSONL")
@@ -243,6 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     collect.add_argument("--timeout", type=float, default=3600.0, help="seconds one rollout may take")
     collect.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass for pass@k")
     collect.add_argument("--no-progress", action="store_true", help="no progress bar")
+    collect.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                         help="run the rollouts on collector actors of a Ray cluster (and a --config stack as "
+                              "actors); ADDRESS as for `rollgym run --ray`")
+    collect.add_argument("--ray-collectors", type=int, default=4, metavar="N",
+                         help="with --ray: collector actors the tasks are dealt to (default 4)")
     collect.set_defaults(handler=cmd_collect)
 
     test = commands.add_parser("test", help="a server folder's tests, then a live check of its server")
@@ -254,6 +381,38 @@ def build_parser() -> argparse.ArgumentParser:
     init = commands.add_parser("init", help="scaffold a new environment folder that passes `rollgym test`")
     init.add_argument("folder", metavar="resources_servers/NAME")
     init.set_defaults(handler=cmd_init)
+
+    # check-tokens: multi-turn rollouts must extend their tokens exactly (services/token_check.py).
+    from . import token_check
+
+    token_check.register(commands, cmd_check_tokens)
+
+    # Deployment (docs/deploy.md): one server per container, and the compose file of a stack.
+    serve_one = commands.add_parser("serve-one", help="serve one server of a stack; the registry locates the others")
+    serve_one.add_argument("configs", nargs="+", metavar="CONFIG_OR_OVERRIDE",
+                           help="the stack's config files and key.path=value overrides, as for `rollgym run`")
+    serve_one.add_argument("--name", required=True, help="the server of the stack to serve (all its replicas)")
+    serve_one.add_argument("--host", help="listen here (default: the config's host); beyond loopback needs a "
+                                          "token: its auth_token or ROLLGYM_AUTH_TOKEN")
+    serve_one.add_argument("--port", type=int, help="listen here; replicas on the next ports (default: the config's)")
+    serve_one.add_argument("--registry", action="append", metavar="NAME=URL[,URL...]",
+                           help="where another server of the stack is (one URL per replica); also read from "
+                                "ROLLGYM_REGISTRY (registry JSON); ROLLGYM_AUTH_TOKEN is their bearer token")
+    serve_one.add_argument("--registry-file", help="a registry JSON file (as `rollgym run --registry-file` writes)")
+    serve_one.set_defaults(handler=cmd_serve_one)
+
+    compose = commands.add_parser("compose", help="print the docker-compose file that runs a stack")
+    compose.add_argument("configs", nargs="+", metavar="CONFIG_OR_OVERRIDE",
+                         help="server config files (relative to the project folder) and key.path=value overrides")
+    compose.add_argument("--external-model", action="store_true",
+                         help="print the override file that swaps policy_model for an external OpenAI-compatible "
+                              "endpoint (ROLLGYM_MODEL_BASE_URL, ROLLGYM_MODEL_NAME)")
+    compose.add_argument("--port", type=int, default=8000, help="the port servers listen on in their containers")
+    compose.add_argument("--image", default="rollgym:latest", help="the image every service runs")
+    compose.add_argument("--collect-agent", help="the collect service's default agent (default: the first agent)")
+    compose.add_argument("--collect-input", help="the collect service's default tasks (default: that agent's "
+                                                 "environment's data/example.jsonl)")
+    compose.set_defaults(handler=cmd_compose)
 
     # Trainer-side data tools; each module declares its own options (services/export.py, ...).
     from . import curriculum, export, prepare

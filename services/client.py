@@ -3,12 +3,21 @@
 One pooled aiohttp session per client (one client per process); every call has a timeout and
 bounded retries with jittered exponential backoff on connection errors, 429 and 5xx. Cookies are
 kept per caller-supplied dict, never in a shared jar, so concurrent rollouts never mix sessions.
+
+A server may run as several replicas (one URL each). A call without a cookies dict goes to the
+replica with the fewest calls in flight from this client (round-robin among equals); a call with
+one sticks to the replica its session started on, remembered in that dict under a private key that
+is never sent. A replica that refuses connections is avoided for a few seconds. A session moves to
+another replica only when the server's replicas share their session state (`shared_sessions`, the
+SQLite session store); otherwise losing its replica fails the call, and the rollout with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
+import time
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from typing import Any, Mapping
@@ -18,33 +27,103 @@ import orjson
 from pydantic import BaseModel
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# Where a cookies dict remembers the replica of its session: `~replica:<server name>`. Never sent.
+REPLICA_KEY_PREFIX = "~replica:"
+# How long a replica that refused a connection is passed over.
+DOWN_COOLDOWN_S = 5.0
 
 
 @dataclass(frozen=True)
 class ServerAddress:
-    """Where a named server listens, its role, and the bearer token it requires (if any)."""
+    """Where a named server listens (one URL per replica), its role, and the bearer token it requires.
+
+    `url` is the first replica's URL; `urls` lists them all (just `url` for one replica).
+    `shared_sessions`: the replicas share session state, so a session may move between them.
+    """
 
     url: str
     role: str = ""
     auth_token: str | None = None
+    urls: tuple[str, ...] = ()
+    shared_sessions: bool = False
+
+    def __post_init__(self) -> None:
+        urls = tuple(url.rstrip("/") for url in self.urls or (self.url,))
+        object.__setattr__(self, "urls", urls)
+        object.__setattr__(self, "url", urls[0])
+
+    @classmethod
+    def replicated(cls, urls: list[str] | tuple[str, ...], role: str = "", auth_token: str | None = None,
+                   shared_sessions: bool = False) -> "ServerAddress":
+        """The address of a server with one URL per replica."""
+        if not urls:
+            raise ValueError("a server needs at least one URL")
+        return cls(url=urls[0], role=role, auth_token=auth_token, urls=tuple(urls), shared_sessions=shared_sessions)
 
     def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "role": self.role, "auth_token": self.auth_token}
+        data: dict[str, Any] = {"url": self.url, "role": self.role, "auth_token": self.auth_token}
+        if len(self.urls) > 1:
+            data["urls"] = list(self.urls)
+        if self.shared_sessions:
+            data["shared_sessions"] = True
+        return data
 
 
 Registry = Mapping[str, ServerAddress]
 
 
-def registry_from_json(data: Mapping[str, Any]) -> dict[str, ServerAddress]:
-    """A registry from its JSON form: {name: {url, role, auth_token}} or {name: url}."""
+def registry_from_json(data: Mapping[str, Any], *, auth_token: str | None = None) -> dict[str, ServerAddress]:
+    """A registry from its JSON form: {name: {url, urls, role, auth_token, shared_sessions}},
+    {name: url} or {name: [url, ...]} (one URL per replica).
+
+    `auth_token` is used for entries that name none (a stack-wide token, e.g. from the environment).
+    """
     registry = {}
     for name, entry in data.items():
         if isinstance(entry, str):
-            registry[name] = ServerAddress(url=entry)
-        else:
-            registry[name] = ServerAddress(
-                url=entry["url"], role=entry.get("role", ""), auth_token=entry.get("auth_token")
+            registry[name] = ServerAddress(url=entry, auth_token=auth_token)
+        elif isinstance(entry, list) and entry and all(isinstance(url, str) for url in entry):
+            registry[name] = ServerAddress.replicated(entry, auth_token=auth_token)
+        elif isinstance(entry, dict) and (isinstance(entry.get("url"), str) or entry.get("urls")):
+            urls = [str(url) for url in entry.get("urls") or [entry["url"]]]
+            registry[name] = ServerAddress.replicated(
+                urls, role=str(entry.get("role") or ""), auth_token=entry.get("auth_token") or auth_token,
+                shared_sessions=bool(entry.get("shared_sessions", False)),
             )
+        else:
+            raise ValueError(f"registry entry {name!r}: expected a URL, a list of URLs or {{\"url\": ...}}, got {entry!r}")
+    return registry
+
+
+# A deployment's registry and bearer token, for `rollgym serve-one` and `collect-rollouts` in a
+# container: ROLLGYM_REGISTRY='{"policy_model": "http://policy-model:8000", ...}' (registry JSON).
+REGISTRY_ENV = "ROLLGYM_REGISTRY"
+AUTH_TOKEN_ENV = "ROLLGYM_AUTH_TOKEN"
+
+
+def registry_from_env(environ: Mapping[str, str]) -> dict[str, ServerAddress] | None:
+    """The registry in `environ[ROLLGYM_REGISTRY]` (None if unset), every entry without a token
+    given `environ[ROLLGYM_AUTH_TOKEN]`; a ValueError names the variable when it is not registry JSON."""
+    text = environ.get(REGISTRY_ENV)
+    if not text:
+        return None
+    try:
+        data = orjson.loads(str(text))
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        return registry_from_json(data, auth_token=environ.get(AUTH_TOKEN_ENV) or None)
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise ValueError(f"{REGISTRY_ENV} is not a registry ({{name: url, ...}}): {exc}") from None
+
+
+def parse_registry_items(items: list[str], *, auth_token: str | None = None) -> dict[str, ServerAddress]:
+    """`NAME=URL[,URL...]` items (one URL per replica) as registry entries."""
+    registry = {}
+    for item in items:
+        name, sep, urls = item.partition("=")
+        if not sep or not name or not urls or not all(url.startswith(("http://", "https://")) for url in urls.split(",")):
+            raise ValueError(f"registry item {item!r} must look like NAME=http://HOST:PORT[,http://HOST:PORT...]")
+        registry[name] = ServerAddress.replicated(urls.split(","), auth_token=auth_token)
     return registry
 
 
@@ -121,6 +200,9 @@ class ServerClient:
         self.backoff_max_s = backoff_max_s
         self.connection_limit = connection_limit
         self._session: aiohttp.ClientSession | None = None
+        self._in_flight: dict[str, int] = {}  # per replica URL, calls of this client
+        self._down_until: dict[str, float] = {}  # replica URL -> monotonic time it is avoided until
+        self._turn = itertools.count()
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -130,15 +212,49 @@ class ServerClient:
             )
         return self._session
 
-    def url_for(self, server: str, path: str) -> tuple[str, str | None]:
-        """The absolute URL and bearer token of `path` on `server` (a registry name or a base URL)."""
+    def url_for(self, server: str, path: str, cookies: dict[str, str] | None = None) -> tuple[str, str | None]:
+        """The absolute URL and bearer token of `path` on `server` (a registry name or a base URL).
+
+        For a replicated server this picks the replica (see the module docstring); with `cookies`,
+        the session's replica, recorded in `cookies` on its first call.
+        """
+        base, token = self._target(server, path, cookies)
+        return base + path, token
+
+    def _target(self, server: str, path: str, cookies: dict[str, str] | None) -> tuple[str, str | None]:
+        """(base URL of the replica to call, bearer token)."""
         if server.startswith(("http://", "https://")):
-            return server.rstrip("/") + path, None
+            return server.rstrip("/"), None
         address = self.registry.get(server)
         if address is None:
             known = ", ".join(sorted(self.registry)) or "none"
             raise ServerCallError(server, path, "unknown_server", f"no server named {server!r} (known: {known})")
-        return address.url.rstrip("/") + path, address.auth_token
+        return self._replica(server, address, cookies).rstrip("/"), address.auth_token
+
+    def _replica(self, server: str, address: ServerAddress, cookies: dict[str, str] | None) -> str:
+        urls = address.urls
+        if len(urls) == 1:
+            return urls[0]
+        key = REPLICA_KEY_PREFIX + server
+        if cookies is not None:
+            chosen = cookies.get(key)
+            if chosen in urls and not (address.shared_sessions and self._is_down(chosen)):
+                return chosen
+        up = [url for url in urls if not self._is_down(url)] or list(urls)
+        # Fewest calls in flight from this client; the rotating start spreads ties round-robin.
+        start = next(self._turn) % len(up)
+        rotated = up[start:] + up[:start]
+        chosen = min(rotated, key=lambda url: self._in_flight.get(url, 0))
+        if cookies is not None:
+            cookies[key] = chosen
+        return chosen
+
+    def _is_down(self, url: str) -> bool:
+        until = self._down_until.get(url)
+        return until is not None and time.monotonic() < until
+
+    def _mark_down(self, url: str) -> None:
+        self._down_until[url] = time.monotonic() + DOWN_COOLDOWN_S
 
     async def post(self, server: str, path: str, json: Any = None, **kwargs: Any) -> Reply:
         return await self.request("POST", server, path, json=json, **kwargs)
@@ -164,10 +280,7 @@ class ServerClient:
         `cookies` is read for the Cookie header and updated in place from Set-Cookie.
         Timeouts are not retried: the server may still be working on the request.
         """
-        url, token = self.url_for(server, path)
         send_headers = {"Content-Type": "application/json"} if json is not None else {}
-        if token:
-            send_headers["Authorization"] = f"Bearer {token}"
         if headers:
             send_headers.update(headers)
         data = encode_json(json) if json is not None else None
@@ -175,8 +288,16 @@ class ServerClient:
         retries = self.max_retries if max_retries is None else max_retries
         attempt = 0
         while True:
+            # Picked again on every attempt: a retry may go to another replica.
+            base, token = self._target(server, path, cookies)
+            url = base + path
+            if token:
+                send_headers["Authorization"] = f"Bearer {token}"
             if cookies:
-                send_headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
+                sent = "; ".join(f"{k}={v}" for k, v in cookies.items() if not k.startswith(REPLICA_KEY_PREFIX))
+                if sent:
+                    send_headers["Cookie"] = sent
+            self._in_flight[base] = self._in_flight.get(base, 0) + 1
             try:
                 async with self._http().request(
                     method, url, data=data, headers=send_headers, timeout=timeout
@@ -188,11 +309,14 @@ class ServerClient:
             except asyncio.TimeoutError:
                 raise ServerCallError(server, path, "timeout", f"no answer within {timeout.total:g} s") from None
             except (aiohttp.ClientConnectionError, OSError) as exc:
+                self._mark_down(base)
                 if attempt >= retries:
                     raise ServerCallError(server, path, "connect", f"{type(exc).__name__}: {exc}") from None
             else:
                 if reply.status not in RETRY_STATUSES or attempt >= retries:
                     return reply
+            finally:
+                self._in_flight[base] -= 1
             attempt += 1
             await asyncio.sleep(self._backoff(attempt))
 

@@ -12,6 +12,13 @@ Gym uses, so its configs read the same here:
 A stack is several such files merged in order, then overrides. `${oc.env:NAME}` reads a secret
 from the environment. An override may skip the role and folder: `policy_model.base_url=...`.
 Errors name the file and the key.
+
+Next to `entrypoint`, two more keys are the stack's, not the server's (docs/deploy.md):
+
+          replicas: 3              # run 3 processes of this server; clients spread sessions over them
+          ray_resources:           # what one replica asks of a Ray cluster (`rollgym run --ray`)
+            num_cpus: 1
+            num_gpus: 0
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ROLES = ("models", "resources_servers", "agents")
 # NeMo Gym's names for the same roles.
@@ -31,6 +38,24 @@ ROLE_ALIASES = {"responses_api_models": "models", "responses_api_agents": "agent
 # The model a stack gets when its agents name `policy_model` and no file defines it.
 DEFAULT_MODEL_NAME = "policy_model"
 DEFAULT_MODEL_CONFIG = Path("models") / "llamacpp" / "configs" / "llamacpp.yaml"
+# Keys of a server entry that the stack reads; the server's own config class never sees them.
+RESERVED_KEYS = ("entrypoint", "replicas", "ray_resources")
+
+
+class RayResources(BaseModel):
+    """What one replica of a server asks of a Ray cluster (Ray's actor options of the same names)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float | None = Field(default=None, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)
+    memory: int | None = Field(default=None, ge=0, description="bytes of memory to reserve")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources")
+    accelerator_type: str | None = None
+
+    def actor_options(self) -> dict[str, Any]:
+        """The options given to `ActorClass.options(...)`: only what the config set."""
+        return self.model_dump(exclude_none=True, exclude_defaults=True)
 
 
 class ConfigError(Exception):
@@ -48,6 +73,8 @@ class ServerSpec:
     options: dict[str, Any]
     source: str
     root: str
+    replicas: int = 1
+    ray_resources: dict[str, Any] = field(default_factory=dict)
 
     @property
     def key_prefix(self) -> str:
@@ -154,10 +181,22 @@ def _server_spec(name: str, entry: Any, source: str) -> ServerSpec:
     (folder, options), = impls.items()
     options = dict(options or {})
     entrypoint = str(options.pop("entrypoint", "app.py"))
+    key = f"{name}.{role}.{folder}"
+    replicas = options.pop("replicas", 1)
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ConfigError(f"{source}: key '{key}.replicas': must be a whole number of at least 1, not {replicas!r}")
+    ray_resources = options.pop("ray_resources", None) or {}
+    try:
+        ray_resources = RayResources.model_validate(ray_resources).actor_options()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = ".".join(str(part) for part in error.get("loc", ()))
+        message = "unknown option" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
+        raise ConfigError(f"{source}: key '{key}.ray_resources{'.' + loc if loc else ''}': {message}") from None
     root = _find_root(Path(source), role, folder, entrypoint)
     if root is None:
         raise ConfigError(f"{where}: no {role}/{folder}/{entrypoint} found next to {source} or in the current directory")
-    return ServerSpec(name, role, str(folder), entrypoint, options, source, str(root))
+    return ServerSpec(name, role, str(folder), entrypoint, options, source, str(root), replicas, ray_resources)
 
 
 def _find_root(source: Path, role: str, folder: str, entrypoint: str) -> Path | None:

@@ -190,6 +190,8 @@ class Sequence(BaseModel):
     completion_ids: list[int]
     completion_mask: list[int]
     completion_logprobs: list[float]
+    # One entry per model call merged into this sequence, when the model server reports versions.
+    model_versions: list[str | None] | None = None
 
 
 class RunResponse(RunRequest):

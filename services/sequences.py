@@ -1,24 +1,58 @@
-"""The merged token view of a rollout that RL trainers consume.
+"""The merged token view of a rollout that RL trainers consume, and the token arithmetic behind it.
 
 Each model call leaves (prompt_token_ids, generation_token_ids, generation_log_probs) on one of the
-items it generated. When a call's prompt extends the previous call's prompt + generation exactly,
-the tokens in between (tool results, chat-template glue) were added by the environment: they join
-the completion with mask 0. When it does not extend them, the rollout's tokens drifted: a new
-sequence starts and `prefix_ok` is False, so a trainer can see it instead of learning from it.
+items it generated, and optionally the `model_version` of the weights that sampled them. When a
+call's prompt extends the previous call's prompt + generation exactly, the tokens in between (tool
+results, chat-template glue) were added by the environment: they join the completion with mask 0.
+When it does not extend them, the rollout's tokens drifted: a new sequence starts and `prefix_ok`
+is False, so a trainer can see it instead of learning from it.
+
+`extend_tokens` is the other half: how a model server builds the next prompt so that it does
+extend the previous tokens (see models/chat_completions).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """One model call's tokens, as carried by the item it generated."""
+
+    prompt: list[int]
+    generation: list[int]
+    logprobs: list[float]
+    model_version: str | None = None
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        return None
+    return value
+
+
+def token_record(item: Any) -> TokenRecord | None:
+    """The token record on one item, or None when it carries none (or a malformed one)."""
+    if not isinstance(item, dict):
+        return None
+    prompt = _int_list(item.get("prompt_token_ids"))
+    generation = _int_list(item.get("generation_token_ids"))
+    logprobs = item.get("generation_log_probs")
+    if prompt is None or generation is None or not isinstance(logprobs, list) or len(logprobs) != len(generation):
+        return None
+    try:
+        values = [float(x) for x in logprobs]
+    except (TypeError, ValueError):
+        return None
+    version = item.get("model_version")
+    return TokenRecord(list(prompt), list(generation), values, str(version) if version is not None else None)
 
 
 def token_records(items: Iterable[dict[str, Any]]) -> list[tuple[list[int], list[int], list[float]]]:
     """The (prompt ids, generation ids, logprobs) triple of every model call, in order."""
-    records = []
-    for item in items:
-        if item.get("generation_token_ids") is not None and item.get("prompt_token_ids") is not None:
-            records.append((item["prompt_token_ids"], item["generation_token_ids"], item["generation_log_probs"]))
-    return records
+    return [(r.prompt, r.generation, r.logprobs) for r in (token_record(item) for item in items) if r is not None]
 
 
 def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, list]], bool | None]:
@@ -26,34 +60,41 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
 
     Returns (sequences, prefix_ok): each sequence has prompt_ids, completion_ids, completion_mask
     (1 = sampled by the model, 0 = added by the environment) and completion_logprobs (0.0 where
-    masked). prefix_ok is None when no item carried tokens, False when any turn failed to extend
-    the tokens before it.
+    masked); when any model call reported a `model_version`, also `model_versions` (one entry per
+    model call merged into that sequence, in order, None where a call reported none). prefix_ok is
+    None when no item carried tokens, False when any turn failed to extend the tokens before it.
+    Malformed token records are skipped; this never raises on odd input.
     """
-    records = token_records(items)
+    records = [r for r in (token_record(item) for item in items) if r is not None]
     if not records:
         return [], None
+    with_versions = any(r.model_version is not None for r in records)
     sequences: list[dict[str, list]] = []
     prefix_ok = True
     current: dict[str, list] | None = None
-    for prompt, generation, logprobs in records:
+    for record in records:
         if current is not None:
             context = current["prompt_ids"] + current["completion_ids"]
-            if len(prompt) >= len(context) and prompt[: len(context)] == context:
-                added = prompt[len(context):]
+            if len(record.prompt) >= len(context) and record.prompt[: len(context)] == context:
+                added = record.prompt[len(context):]
                 current["completion_ids"].extend(added)
                 current["completion_mask"].extend([0] * len(added))
                 current["completion_logprobs"].extend([0.0] * len(added))
-                current["completion_ids"].extend(generation)
-                current["completion_mask"].extend([1] * len(generation))
-                current["completion_logprobs"].extend(float(x) for x in logprobs)
+                current["completion_ids"].extend(record.generation)
+                current["completion_mask"].extend([1] * len(record.generation))
+                current["completion_logprobs"].extend(record.logprobs)
+                if with_versions:
+                    current["model_versions"].append(record.model_version)
                 continue
             prefix_ok = False
         current = {
-            "prompt_ids": list(prompt),
-            "completion_ids": list(generation),
-            "completion_mask": [1] * len(generation),
-            "completion_logprobs": [float(x) for x in logprobs],
+            "prompt_ids": list(record.prompt),
+            "completion_ids": list(record.generation),
+            "completion_mask": [1] * len(record.generation),
+            "completion_logprobs": list(record.logprobs),
         }
+        if with_versions:
+            current["model_versions"] = [record.model_version]
         sequences.append(current)
     return sequences, prefix_ok
 
@@ -64,3 +105,63 @@ def first_divergence(expected: list[int], actual: list[int]) -> int | None:
         if index >= len(actual) or actual[index] != token:
             return index
     return None
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    for index in range(n):
+        if a[index] != b[index]:
+            return index
+    return n
+
+
+def _suffix_overlap(tokens: Sequence[int], end: int, generation: Sequence[int]) -> int:
+    """How many tokens before `end` in `tokens` equal the last tokens of `generation`."""
+    length = 0
+    while length < len(generation) and length < end and tokens[end - 1 - length] == generation[-1 - length]:
+        length += 1
+    return length
+
+
+def extend_tokens(
+    prompt: Sequence[int],
+    generation: Sequence[int],
+    head: Sequence[int],
+    full: Sequence[int],
+    *,
+    base: Sequence[int] | None = None,
+    window: int = 32,
+) -> list[int] | None:
+    """The next prompt: `prompt + generation` followed by exactly the tokens the new messages add.
+
+    All three renders come from the backend's tokenizer and chat template:
+    `base` is the conversation before the generated assistant turn, with the generation prompt
+    (so it ends where the model started generating); `head` is the conversation up to and including
+    that assistant turn (with or without a generation prompt after it); `full` is the conversation
+    now, with the generation prompt. The template renders the turn as [header] [generation,
+    re-tokenized] [end-of-turn glue], and the model may have produced part of the glue itself (its
+    end-of-turn token). The cut is the position in `full` where the re-rendered generation ends:
+    after the turn's start (the common prefix of `base` and `head`), within the prefix `head` and
+    `full` share, the position whose preceding tokens match the most trailing tokens of
+    `generation`. The new prompt is `prompt + generation + full[cut:]`: the sampled tokens stay as
+    sampled (even where re-tokenizing their text would differ) and only the template's glue and the
+    new messages are appended. Without `base`, the turn is assumed to start at most `window` tokens
+    before the end of `head`.
+
+    Returns None when no cut can be found (the template rewrote the history, e.g. stripped a
+    thinking block, so `head` and `full` part inside the turn; or nothing matches): the caller then
+    renders the conversation afresh and the drift shows as `prefix_ok: false`.
+    """
+    if not generation or not head:
+        return None
+    shared = common_prefix_length(head, full)
+    start = common_prefix_length(base, head) + 1 if base is not None else len(head) - window
+    best_cut, best_overlap = None, 0
+    for cut in range(min(shared, len(head)), max(start, 1) - 1, -1):
+        overlap = _suffix_overlap(full, cut, generation)
+        if overlap > best_overlap:
+            best_cut, best_overlap = cut, overlap
+    if best_cut is None:
+        return None
+    return [*prompt, *generation, *full[best_cut:]]

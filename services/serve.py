@@ -1,7 +1,10 @@
-"""Runs one server of a stack in this process: `python -m rollgym.serve STACK_FILE NAME [--fd N]`.
+"""Runs one server of a stack in this process: `python -m rollgym.serve STACK_FILE NAME [--fd N] [--replica I]`.
 
 The launcher writes the stack file (servers, registry, session secret) and hands each child an
 already-bound listening socket, so ports are chosen without races and known before any child starts.
+A replica of a server that runs as several (`replicas: N`) tags its responses with
+`X-Rollgym-Replica: I`, and its `/health` answers with `X-Rollgym-Requests`: the requests other than
+/health it has served, so an operator (or a test) sees how the load spreads.
 """
 
 from __future__ import annotations
@@ -62,11 +65,67 @@ def preload(stack: dict[str, Any]) -> None:
             pass  # the child reports it with the server's name
 
 
-def run_server(stack: dict[str, Any], name: str, fd: int | None) -> int:
-    """Build and serve one server of `stack` until it is told to stop; returns the exit code."""
+class ReplicaHeaders:
+    """Tags every response with the replica's index, and /health with the requests served so far."""
+
+    def __init__(self, app: Any, replica: int) -> None:
+        self.app = app
+        self.replica = str(replica).encode()
+        self.served = 0
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        health = scope.get("path") == "/health"
+        if not health:
+            self.served += 1
+
+        async def tagged(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                extra = [(b"x-rollgym-replica", self.replica)]
+                if health:
+                    extra.append((b"x-rollgym-requests", str(self.served).encode()))
+                message["headers"] = [*message.get("headers", ()), *extra]
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
+def build_replica(stack: dict[str, Any], name: str, replica: int = 0) -> tuple[BaseServer, Any]:
+    """The server and ASGI app of one replica of server `name` of `stack`; raises ServerStartError
+    (or the server code's own import error) when it cannot be built."""
     spec = ServerSpec(**stack["servers"][name])
+    server = build_server(spec, stack)
+    app: Any = server.build_app()
+    if spec.replicas > 1:
+        app = ReplicaHeaders(app, replica)
+    return server, app
+
+
+def uvicorn_config(server: BaseServer, app: Any, *, fd: int | None = None, loop: str = "uvloop") -> Any:
+    """How every rollgym server runs under uvicorn."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=server.config.host,
+        port=server.config.port,
+        fd=fd,
+        loop=loop,
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=75,
+        backlog=4096,
+    )
+
+
+def run_server(stack: dict[str, Any], name: str, fd: int | None, replica: int = 0) -> int:
+    """Build and serve one server (one replica of it) of `stack` until it is told to stop; returns the exit code."""
     try:
-        server = build_server(spec, stack)
+        server, app = build_replica(stack, name, replica)
     except ServerStartError as exc:
         print(f"rollgym: server '{name}' cannot start:\n{exc}", file=sys.stderr)
         return 2
@@ -75,20 +134,7 @@ def run_server(stack: dict[str, Any], name: str, fd: int | None) -> int:
         return 2
     import uvicorn
 
-    config = uvicorn.Config(
-        server.build_app(),
-        host=server.config.host,
-        port=server.config.port,
-        fd=fd,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=5,
-        timeout_keep_alive=75,
-        backlog=4096,
-    )
-    uvicorn.Server(config).run()
+    uvicorn.Server(uvicorn_config(server, app, fd=fd)).run()
     return 0
 
 
@@ -97,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("stack_file")
     parser.add_argument("name")
     parser.add_argument("--fd", type=int, default=None, help="an inherited, bound listening socket")
+    parser.add_argument("--replica", type=int, default=0, help="which replica of the server this is (0-based)")
     args = parser.parse_args(argv)
     stack = orjson.loads(Path(args.stack_file).read_bytes())
-    return run_server(stack, args.name, args.fd)
+    return run_server(stack, args.name, args.fd, args.replica)
 
 
 if __name__ == "__main__":

@@ -1,107 +1,535 @@
-"""chat_completions: a Responses API model server in front of any OpenAI-compatible Chat Completions
-backend (vLLM, SGLang, llama.cpp server, OpenAI).
+"""chat_completions: a Responses API model server in front of OpenAI-compatible inference backends
+(vLLM, SGLang, OpenAI, llama.cpp server...), with token-exact training data for vLLM and SGLang.
 
 Responses requests are converted to chat requests and the chat answers back to Responses output
-items by `rollgym.chat_conversion`. With `return_token_ids: true` (vLLM), the backend is asked for
-prompt and generated token ids and sampling logprobs, which go on the generated items.
+items by `rollgym.chat_conversion`. With `return_token_ids: true` the backend is asked for the
+prompt ids, generated ids and sampling logprobs (vLLM: `logprobs`, `return_tokens_as_token_ids`,
+`return_token_ids`; SGLang: `logprobs`, `return_prompt_token_ids`, `return_token_ids`), which go
+on the last item the call generated. When the input carries a previous turn's token record, the
+next prompt is built to extend `prompt_token_ids + generation_token_ids` exactly: the new
+conversation is tokenized with the backend's `/tokenize`, the tokens the new messages add are
+appended to the previous tokens (`rollgym.sequences.extend_tokens`), and the token-id prompt goes
+to vLLM's `/v1/completions` (the raw text is then parsed here: `parsers.py`) or to SGLang's chat
+endpoint as `input_ids`. A backend that cannot do this gets a plain chat request, and any drift
+shows as `prefix_ok: false`. Several `base_url`s are routed with sticky sessions (`routing.py`).
+See README.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import random
+import secrets
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Literal
 
-from fastapi import HTTPException
-from pydantic import Field
+from fastapi import FastAPI, HTTPException, Request
+from pydantic import Field, field_validator, model_validator
 
 from rollgym import ModelServer, ResponsesCreateParams, ServerCallError, ServerConfig, build_response
 from rollgym.chat_conversion import ConversionError, chat_response_to_output, responses_to_chat_request
-from rollgym.server import BadRequest
+from rollgym.client import Reply
+from rollgym.sequences import TokenRecord, extend_tokens, token_record
+from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
-CONTEXT_ERROR_MARKERS = ("maximum context length", "context length", "context_length_exceeded", "too many tokens")
+from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
+from .routing import Backend, BackendPool
+
+CONTEXT_ERROR_MARKERS = (
+    "maximum context length", "context length", "context_length_exceeded", "too many tokens",
+    "is too long", "longer than the model", "exceeds the model",
+)
+BACKEND_FAILURE_STATUSES = frozenset({500, 502, 503, 504})
 
 
 class ChatCompletionsConfig(ServerConfig):
-    base_url: str = Field(description="the backend's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    base_url: str | list[str] = Field(
+        description="the backend's OpenAI-compatible base URL (e.g. http://127.0.0.1:8000/v1), or a list of them")
     model: str = Field(description="the model name the backend serves")
+    backend: Literal["vllm", "sglang", "openai"] = Field(
+        default="vllm", description="which backend's extra fields to send; openai: none (its API rejects them)")
     api_key: str | None = Field(default=None, description="sent as a bearer token; use ${oc.env:VAR}")
     timeout_s: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=3, ge=0)
     system_role: str = "system"
-    return_token_ids: bool = Field(default=False, description="ask a vLLM backend for token ids and logprobs")
+    return_token_ids: bool = Field(default=False, description="ask the backend for token ids and logprobs")
+    token_prompts: bool = Field(
+        default=True, description="extend the previous turn's tokens with a token-id prompt (vLLM, SGLang)")
+    tool_parser: str = Field(default="hermes", description="parser of raw generations: hermes | none | module:function")
+    reasoning_parser: str = Field(default="think", description="think | none | module:function")
     parse_think_tags: bool = True
-    extra_body: dict[str, Any] = Field(default_factory=dict, description="extra keys for every chat request")
+    reasoning_field: Literal["auto", "reasoning_content", "reasoning", "think_tags", "drop"] = Field(
+        default="auto", description="how reasoning goes back to the backend; auto: reasoning_content, openai: drop")
+    default_max_output_tokens: int | None = Field(
+        default=None, ge=1, description="max_tokens of token-id completions when the request gives none (null: the rest of the context)")
+    model_version: str | None = Field(default=None, description="reported on every generated item (else the backend's)")
+    backend_cooldown_s: float = Field(default=10.0, gt=0, description="how long a failed backend gets no traffic")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="extra keys for every backend request")
+
+    @field_validator("base_url")
+    @classmethod
+    def _urls(cls, value: str | list[str]) -> str | list[str]:
+        urls = [value] if isinstance(value, str) else list(value)
+        if not urls or not all(isinstance(url, str) and url.startswith(("http://", "https://")) for url in urls):
+            raise ValueError("must be an http(s) URL or a non-empty list of them")
+        return value
+
+    @model_validator(mode="after")
+    def _parsers(self) -> "ChatCompletionsConfig":
+        load_parser(self.tool_parser, TOOL_PARSERS)
+        load_parser(self.reasoning_parser, REASONING_PARSERS)
+        return self
+
+    @property
+    def base_urls(self) -> list[str]:
+        return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
+
+class BackendUnavailable(Exception):
+    """A backend did not answer, or answered 5xx: try another one."""
+
+
+@dataclass
+class Turn:
+    """One generated turn, in Responses terms."""
+
+    output: list[dict[str, Any]]
+    status: str = "completed"
+    incomplete_details: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    tokens: dict[str, Any] | None = None
+    model_version: str | None = None
+
+
+def context_length_turn() -> Turn:
+    """A prompt that does not fit: `status: incomplete` (finish_reason length), not a server error."""
+    return Turn(output=[], status="incomplete", incomplete_details={"reason": "max_output_tokens"})
 
 
 class ChatCompletionsModel(ModelServer):
     config_class = ChatCompletionsConfig
     config: ChatCompletionsConfig
 
+    def __init__(self, config: ChatCompletionsConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.pool = BackendPool(self.config.base_urls, cooldown_s=self.config.backend_cooldown_s)
+        self.tool_parser = load_parser(self.config.tool_parser, TOOL_PARSERS)
+        self.reasoning_parser = load_parser(self.config.reasoning_parser, REASONING_PARSERS)
+
     def model_names(self) -> list[str]:
         return [self.config.model]
+
+    @property
+    def wants_tokens(self) -> bool:
+        return self.config.return_token_ids and self.config.backend != "openai"
+
+    # ------------------------------------------------------------------ Responses API
 
     async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
         try:
             chat_request = responses_to_chat_request(payload, model=self.config.model, system_role=self.config.system_role)
+            previous = previous_turn(payload, system_role=self.config.system_role) if self.wants_tokens else None
         except ConversionError as exc:
             raise BadRequest(str(exc), field=exc.field) from None
+        self._adapt_messages(chat_request["messages"])
+        if previous is not None:
+            self._adapt_messages(previous[1])
         chat_request.update(self.config.extra_body)
-        if self.config.return_token_ids:
-            chat_request.update(logprobs=True, return_tokens_as_token_ids=True, return_token_ids=True)
-        chat = await self._backend(chat_request)
-        if chat is None:
-            return build_response(payload, [], model=self.config.model, status="incomplete",
-                                  incomplete_details={"reason": "max_output_tokens"})
-        converted = chat_response_to_output(chat, parse_think_tags=self.config.parse_think_tags)
-        tokens = token_triple(chat)
-        if tokens is not None and converted.output:
-            converted.output[-1].update(tokens)
-        return build_response(payload, converted.output, model=self.config.model, usage=converted.usage,
-                              status=converted.status, incomplete_details=converted.incomplete_details)
+
+        turn, backend = await self._routed(
+            lambda b: self._generate(b, payload, chat_request, previous), sticky=self.pool.sticky_backend(payload.get("input")))
+        output = turn.output
+        if turn.tokens is not None and not output:
+            # An empty generation (e.g. only the end-of-turn token) is still a turn with tokens.
+            output = [{"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
+                       "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]}]
+        for item in output:
+            if isinstance(item.get("id"), str):
+                item["id"] = self.pool.tag_item_id(item["id"], backend)
+            if turn.model_version is not None:
+                item["model_version"] = turn.model_version
+        if turn.tokens is not None:
+            output[-1].update(turn.tokens)
+        return build_response(payload, output, model=self.config.model, usage=turn.usage, status=turn.status,
+                              incomplete_details=turn.incomplete_details)
+
+    async def _generate(self, backend: Backend, payload: dict[str, Any], chat_request: dict[str, Any],
+                        previous: tuple[TokenRecord, list[dict[str, Any]]] | None) -> Turn:
+        """One turn on `backend`: a token-id prompt extending the previous turn when possible, else chat."""
+        if previous is not None and self.config.token_prompts and self.config.backend in ("vllm", "sglang") \
+                and _tool_choice_is_free(chat_request.get("tool_choice")):
+            prompt_ids = await self._extended_prompt(backend, chat_request, previous)
+            if prompt_ids is not None:
+                if self.config.backend == "vllm":
+                    turn = await self._complete_tokens(backend, chat_request, prompt_ids)
+                    if turn is not None:
+                        return turn
+                else:
+                    return await self._chat(backend, chat_request, input_ids=prompt_ids)
+        return await self._chat(backend, chat_request)
+
+    async def _chat(self, backend: Backend, chat_request: dict[str, Any], input_ids: list[int] | None = None) -> Turn:
+        body = dict(chat_request)
+        if self.config.backend == "openai" and "max_tokens" in body:
+            body["max_completion_tokens"] = body.pop("max_tokens")  # OpenAI's name; o-series reject max_tokens
+        if self.wants_tokens:
+            if self.config.backend == "vllm":
+                body.update(logprobs=True, return_tokens_as_token_ids=True, return_token_ids=True)
+            else:
+                body.update(logprobs=True, return_prompt_token_ids=True, return_token_ids=True, return_meta_info=True)
+        if input_ids is not None:
+            body["input_ids"] = input_ids
+        reply = await self._post(backend, "/chat/completions", body)
+        if is_context_error(reply):
+            return context_length_turn()
+        _raise_for_status(reply)
+        chat = reply.json()
+        try:
+            converted = chat_response_to_output(chat, parse_think_tags=self.config.parse_think_tags)
+        except ConversionError as exc:
+            raise HTTPException(502, detail=f"backend sent an unusable answer: {exc}") from None
+        tokens = None
+        if self.wants_tokens:
+            tokens = token_triple(chat)
+            if tokens is None and input_ids is not None:
+                tokens = token_triple(chat, prompt_ids=input_ids)
+            if tokens is None and generated_ids(chat) is not None:
+                # The backend gave generated ids but no prompt ids: its /tokenize renders the prompt.
+                prompt = await self._tokenize_chat(backend, chat_request["messages"], chat_request.get("tools"), True)
+                if prompt is not None:
+                    tokens = token_triple(chat, prompt_ids=prompt)
+        return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
+                    self.config.model_version or backend_model_version(chat))
+
+    async def _complete_tokens(self, backend: Backend, chat_request: dict[str, Any], prompt_ids: list[int]) -> Turn | None:
+        """vLLM: generate from a token-id prompt on /v1/completions and parse the raw text here."""
+        if backend.capabilities.get("completions") is False:
+            return None
+        max_tokens = chat_request.get("max_tokens", self.config.default_max_output_tokens)
+        body: dict[str, Any] = {"model": self.config.model, "prompt": prompt_ids, "max_tokens": max_tokens,
+                                "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        for key in ("temperature", "top_p", "seed", "stop"):
+            if chat_request.get(key) is not None:
+                body[key] = chat_request[key]
+        body.update(self.config.extra_body)
+        reply = await self._post(backend, "/completions", body)
+        if reply.status in (404, 405):
+            backend.capabilities["completions"] = False
+            return None
+        if is_context_error(reply):
+            return context_length_turn()
+        _raise_for_status(reply)
+        completion = reply.json()
+        choice = (completion.get("choices") or [{}])[0]
+        text = choice.get("text") or ""
+        message = parse_generation(text, tools_offered=bool(chat_request.get("tools")),
+                                   tool_parser=self.tool_parser, reasoning_parser=self.reasoning_parser)
+        chat_like = {"choices": [{"message": message, "finish_reason": choice.get("finish_reason")}],
+                     "usage": completion.get("usage")}
+        converted = chat_response_to_output(chat_like, parse_think_tags=False)
+        tokens = completion_triple(choice, prompt_ids)
+        return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
+                    self.config.model_version or backend_model_version(completion))
+
+    async def _extended_prompt(self, backend: Backend, chat_request: dict[str, Any],
+                               previous: tuple[TokenRecord, list[dict[str, Any]]]) -> list[int] | None:
+        """The previous turn's tokens plus exactly what the new messages add; None when not possible."""
+        record, head_messages = previous
+        if backend.capabilities.get("tokenize") is False:
+            return None
+        tools = chat_request.get("tools")
+        base, head, full = await asyncio.gather(
+            self._tokenize_chat(backend, head_messages[:-1], tools, True),
+            self._tokenize_chat(backend, head_messages, tools, False),
+            self._tokenize_chat(backend, chat_request["messages"], tools, True),
+        )
+        if base is None or head is None or full is None:
+            return None
+        return extend_tokens(record.prompt, record.generation, head, full, base=base)
+
+    async def _tokenize_chat(self, backend: Backend, messages: list[dict[str, Any]], tools: Any,
+                             add_generation_prompt: bool) -> list[int] | None:
+        """The backend's tokenization of a chat (its own chat template), or None when it cannot."""
+        if backend.capabilities.get("tokenize") is False:
+            return None
+        body: dict[str, Any] = {"model": self.config.model, "messages": messages,
+                                "add_generation_prompt": add_generation_prompt}
+        if tools:
+            body["tools"] = tools
+        if "chat_template_kwargs" in self.config.extra_body:
+            body["chat_template_kwargs"] = self.config.extra_body["chat_template_kwargs"]
+        reply = await self._post(backend, "/tokenize", body, root=True)
+        if reply.status in (404, 405):
+            backend.capabilities["tokenize"] = False
+            return None
+        if not reply.ok:
+            return None
+        tokens = reply.json().get("tokens")
+        return tokens if _is_id_list(tokens) else None
+
+    # ------------------------------------------------------------------ other routes
 
     async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
-        result = await self._backend({**payload, "model": payload.get("model") or self.config.model})
-        if result is None:
-            raise BadRequest("the prompt does not fit the model's context length", field="messages")
+        body = {**payload, "model": payload.get("model") or self.config.model}
+
+        async def call(backend: Backend) -> dict[str, Any]:
+            reply = await self._post(backend, "/chat/completions", body)
+            if is_context_error(reply):
+                raise BadRequest("the prompt does not fit the model's context length", field="messages")
+            _raise_for_status(reply)
+            return reply.json()
+
+        result, _ = await self._routed(call)
         return result
 
-    async def _backend(self, chat_request: dict[str, Any]) -> dict[str, Any] | None:
-        """The backend's chat completion; None when the prompt exceeds the context length."""
+    def add_routes(self, app: FastAPI) -> None:
+        super().add_routes(app)
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> JSONBytesResponse:
+            """{"text": str} or {"input": Responses input, "tools", "instructions", "add_generation_prompt"}."""
+            payload = await read_json(request)
+            if not isinstance(payload, dict):
+                raise BadRequest("required: a JSON object with 'text' or 'input'")
+            if self.config.backend == "openai":
+                raise BadRequest("an OpenAI backend has no tokenizer endpoint", status=404)
+            if isinstance(payload.get("text"), str):
+                body = {"model": self.config.model, "prompt": payload["text"], "add_special_tokens": False}
+
+                async def call(backend: Backend) -> list[int] | None:
+                    reply = await self._post(backend, "/tokenize", body, root=True)
+                    _raise_for_status(reply)
+                    tokens = reply.json().get("tokens")
+                    return tokens if _is_id_list(tokens) else None
+            elif payload.get("input") is not None:
+                try:
+                    chat = responses_to_chat_request(
+                        {"input": payload["input"], "instructions": payload.get("instructions"),
+                         "tools": payload.get("tools")}, system_role=self.config.system_role)
+                except ConversionError as exc:
+                    raise BadRequest(str(exc), field=exc.field) from None
+                self._adapt_messages(chat["messages"])
+                add_generation_prompt = payload.get("add_generation_prompt", True) is not False
+
+                async def call(backend: Backend) -> list[int] | None:
+                    return await self._tokenize_chat(backend, chat["messages"], chat.get("tools"), add_generation_prompt)
+            else:
+                raise BadRequest("required: 'text' (a string) or 'input' (Responses input items)", field="text")
+            tokens, _ = await self._routed(call)
+            if tokens is None:
+                raise BadRequest("the backend has no usable /tokenize", status=404)
+            return JSONBytesResponse({"tokens": tokens, "count": len(tokens)})
+
+        @app.post("/detokenize")
+        async def detokenize(request: Request) -> JSONBytesResponse:
+            """{"tokens": [int], "pieces": bool} -> {"text", "pieces"?}."""
+            payload = await read_json(request)
+            tokens = payload.get("tokens") if isinstance(payload, dict) else None
+            if not _is_id_list(tokens):
+                raise BadRequest("required: a list of token ids", field="tokens")
+            if self.config.backend == "openai":
+                raise BadRequest("an OpenAI backend has no tokenizer endpoint", status=404)
+
+            async def decode(backend: Backend, ids: list[int]) -> str:
+                reply = await self._post(backend, "/detokenize", {"model": self.config.model, "tokens": ids}, root=True)
+                if reply.status in (404, 405):
+                    raise BadRequest("the backend has no /detokenize", status=404)
+                _raise_for_status(reply)
+                answer = reply.json()
+                text = answer.get("prompt", answer.get("text"))
+                return text if isinstance(text, str) else ""
+
+            async def call(backend: Backend) -> dict[str, Any]:
+                result: dict[str, Any] = {"text": await decode(backend, tokens)}
+                if payload.get("pieces"):
+                    result["pieces"] = list(await asyncio.gather(*(decode(backend, [t]) for t in tokens[:256])))
+                return result
+
+            result, _ = await self._routed(call)
+            return JSONBytesResponse(result)
+
+        @app.get("/backends")
+        async def backends() -> JSONBytesResponse:
+            return JSONBytesResponse({"backends": self.pool.status()})
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _adapt_messages(self, messages: list[dict[str, Any]]) -> None:
+        """Reasoning goes back the way the backend expects (chat_conversion puts it in reasoning_content)."""
+        mode = self.config.reasoning_field
+        if mode == "auto":
+            mode = "drop" if self.config.backend == "openai" else "reasoning_content"
+        if mode == "reasoning_content":
+            return
+        for message in messages:
+            reasoning = message.pop("reasoning_content", None)
+            if reasoning is None:
+                continue
+            if mode == "reasoning":
+                message["reasoning"] = reasoning
+            elif mode == "think_tags":
+                message["content"] = f"<think>{reasoning}</think>" + (message.get("content") or "")
+
+    async def _routed(self, call: Callable[[Backend], Awaitable[Any]], sticky: Backend | None = None) -> tuple[Any, Backend]:
+        """Run `call` on a backend: the sticky one, else the least loaded; on failure, on another."""
+        pool = self.pool
+        attempts = 1 if not pool.multi else len(pool.backends) + self.config.max_retries
+        tried: set[str] = set()
+        last_error = "no backend"
+        for attempt in range(attempts):
+            backend = pool.pick(sticky, tried)
+            backend.in_flight += 1
+            try:
+                result = await call(backend)
+            except BackendUnavailable as exc:
+                last_error = str(exc)
+                pool.mark_down(backend)
+                tried.add(backend.url)
+                if len(tried) >= len(pool.backends):
+                    tried.clear()
+                    await asyncio.sleep(random.uniform(0, min(2.0, 0.1 * 2 ** attempt)))
+                continue
+            finally:
+                backend.in_flight -= 1
+            backend.served += 1
+            return result, backend
+        if not pool.multi:
+            raise HTTPException(502, detail=last_error)
+        raise HTTPException(502, detail=f"backend: all {len(pool.backends)} backends failed; last: {last_error}")
+
+    async def _post(self, backend: Backend, path: str, body: dict[str, Any], root: bool = False) -> Reply:
+        """POST to one backend; BackendUnavailable on no connection or 5xx (after retries with one backend)."""
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else None
         try:
             reply = await self.client.post(
-                self.config.base_url.rstrip("/"), "/chat/completions", json=chat_request, headers=headers,
-                timeout_s=self.config.timeout_s, max_retries=self.config.max_retries,
+                backend.root if root else backend.url, path, json=body, headers=headers,
+                timeout_s=self.config.timeout_s, max_retries=0 if self.pool.multi else self.config.max_retries,
             )
         except ServerCallError as exc:
-            raise HTTPException(504 if exc.kind == "timeout" else 502, detail=f"backend: {exc}") from None
-        if reply.status == 400 and any(m in reply.error_message().lower() for m in CONTEXT_ERROR_MARKERS):
-            return None
-        if not reply.ok:
-            status = reply.status if 400 <= reply.status < 500 else 502
-            raise HTTPException(status, detail=f"backend answered HTTP {reply.status}: {reply.error_message()}")
-        return reply.json()
+            if exc.kind == "timeout":
+                raise HTTPException(504, detail=f"backend: {exc}") from None
+            raise BackendUnavailable(f"backend: {exc}") from None
+        if reply.status in BACKEND_FAILURE_STATUSES or (reply.status == 429 and self.pool.multi):
+            raise BackendUnavailable(f"backend answered HTTP {reply.status}: {reply.error_message()}")
+        return reply
 
 
-def token_triple(chat: dict[str, Any]) -> dict[str, Any] | None:
-    """Prompt ids, generated ids and their logprobs from a vLLM chat completion, if it has them.
+# ---------------------------------------------------------------------- helpers
 
-    vLLM returns `prompt_token_ids` at the top level and `token_ids` on the choice when asked with
-    `return_token_ids`; logprobs come per generated token in `choices[0].logprobs.content`.
+
+def _is_id_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+
+
+def _tool_choice_is_free(choice: Any) -> bool:
+    """A completions prompt cannot force a tool: forced turns go through the chat endpoint."""
+    return choice in (None, "auto", "none")
+
+
+def _raise_for_status(reply: Reply) -> None:
+    if reply.ok:
+        return
+    status = reply.status if 400 <= reply.status < 500 else 502
+    raise HTTPException(status, detail=f"backend answered HTTP {reply.status}: {_error_text(reply)}")
+
+
+def _error_text(reply: Reply) -> str:
+    try:
+        payload = reply.json()
+    except ValueError:
+        return reply.text[:500]
+    if isinstance(payload, dict) and isinstance(payload.get("message"), str):
+        return payload["message"]  # SGLang's error body: {"object": "error", "message": ...}
+    return reply.error_message()
+
+
+def is_context_error(reply: Reply) -> bool:
+    """A 4xx saying the prompt (plus max_tokens) does not fit the model's context length."""
+    if reply.status not in (400, 413, 422):
+        return False
+    text = reply.text.lower()
+    return any(marker in text for marker in CONTEXT_ERROR_MARKERS)
+
+
+def previous_turn(payload: dict[str, Any], system_role: str = "system") -> tuple[TokenRecord, list[dict[str, Any]]] | None:
+    """The token record of the last generated turn in the input, and the chat messages up to it.
+
+    The model server puts a call's tokens on the last item it generated, so converting the input up
+    to that item gives the conversation up to and including that turn's assistant message.
+    """
+    items = payload.get("input")
+    if not isinstance(items, list):
+        return None
+    for index in range(len(items) - 1, -1, -1):
+        record = token_record(items[index])
+        if record is not None:
+            head = responses_to_chat_request({**payload, "input": items[: index + 1]}, system_role=system_role)
+            if not head["messages"] or head["messages"][-1].get("role") != "assistant":
+                return None
+            return record, head["messages"]
+    return None
+
+
+def generated_ids(chat: dict[str, Any]) -> list[int] | None:
+    """Generated ids of a chat completion: `choices[0].token_ids`, else from `token_id:<id>` logprob tokens."""
+    choice = (chat.get("choices") or [{}])[0]
+    generated = choice.get("token_ids")
+    if _is_id_list(generated):
+        return list(generated)
+    content = (choice.get("logprobs") or {}).get("content")
+    if not content:
+        return None
+    tokens = [str(entry.get("token", "")) for entry in content]
+    if not all(token.startswith("token_id:") and token[9:].isdigit() for token in tokens):
+        return None  # the backend sent token text, not ids: no exact token record
+    return [int(token[9:]) for token in tokens]
+
+
+def token_triple(chat: dict[str, Any], prompt_ids: list[int] | None = None) -> dict[str, Any] | None:
+    """Prompt ids, generated ids and their logprobs from a chat completion, if it has them.
+
+    vLLM (>= 0.10.2, `return_token_ids`) puts `prompt_token_ids` at the top level and `token_ids`
+    on the choice; SGLang (`return_prompt_token_ids`, `return_token_ids`) puts both on the choice.
+    Logprobs come per generated token in `choices[0].logprobs.content`. `prompt_ids` is used when
+    the answer has none (the prompt was sent as ids, or rendered by the backend's /tokenize).
     """
     choice = (chat.get("choices") or [{}])[0]
-    prompt_ids = chat.get("prompt_token_ids") or choice.get("prompt_token_ids")
-    generated = choice.get("token_ids")
+    prompt = chat.get("prompt_token_ids") or choice.get("prompt_token_ids") or prompt_ids
+    generated = generated_ids(chat)
     content = (choice.get("logprobs") or {}).get("content")
-    if prompt_ids is None or content is None:
+    if not _is_id_list(prompt) or generated is None or content is None:
         return None
-    if generated is None:
-        # Older vLLM: ids only inside the `token_id:<id>` strings of return_tokens_as_token_ids.
-        tokens = [str(entry.get("token", "")) for entry in content]
-        if not all(token.startswith("token_id:") and token[9:].isdigit() for token in tokens):
-            return None  # the backend sent token text, not ids: no exact token record
-        generated = [int(token[9:]) for token in tokens]
-    logprobs = [float(entry["logprob"]) for entry in content]
+    try:
+        logprobs = [float(entry["logprob"]) for entry in content]
+    except (KeyError, TypeError, ValueError):
+        return None
     if len(logprobs) != len(generated):
         return None
-    return {"prompt_token_ids": list(prompt_ids), "generation_token_ids": list(generated),
-            "generation_log_probs": logprobs}
+    return {"prompt_token_ids": list(prompt), "generation_token_ids": generated, "generation_log_probs": logprobs}
+
+
+def completion_triple(choice: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any] | None:
+    """The token record of a vLLM /v1/completions choice (`token_ids`, `prompt_token_ids`, `logprobs`)."""
+    logprobs = choice.get("logprobs") or {}
+    values = logprobs.get("token_logprobs")
+    generated = choice.get("token_ids")
+    if not _is_id_list(generated):
+        tokens = [str(token) for token in logprobs.get("tokens") or []]
+        if not tokens or not all(t.startswith("token_id:") and t[9:].isdigit() for t in tokens):
+            return None
+        generated = [int(t[9:]) for t in tokens]
+    if not isinstance(values, list) or len(values) != len(generated) or any(v is None for v in values):
+        return None
+    prompt = choice.get("prompt_token_ids")
+    return {"prompt_token_ids": list(prompt) if _is_id_list(prompt) else list(prompt_ids),
+            "generation_token_ids": list(generated), "generation_log_probs": [float(v) for v in values]}
+
+
+def backend_model_version(answer: dict[str, Any]) -> str | None:
+    """A weights version reported by the backend (`model_version`, `weight_version`, SGLang's meta_info)."""
+    for source in (answer, (answer.get("choices") or [{}])[0].get("meta_info") or {}, answer.get("meta_info") or {}):
+        if isinstance(source, dict):
+            for key in ("model_version", "weight_version"):
+                if source.get(key) is not None:
+                    return str(source[key])
+    return None

@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI, Request
 from pydantic import Field
 
 from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
 from rollgym.chat_conversion import ConversionError, responses_to_chat_request
 from rollgym.schema import TOKEN_FIELDS
+from rollgym.server import JSONBytesResponse, read_json
 
 from .engine import ContextLengthError, GenerationQueue, GenerationResult, LlamaEngine, bundled_model_path
 
@@ -90,6 +92,37 @@ class LlamaCppModel(ModelServer):
             raise BadRequest(str(exc), field="tool_choice") from None
         return chat_completion(result, self.model_name, with_logprobs=bool(payload.get("logprobs")))
 
+    def add_routes(self, app: FastAPI) -> None:
+        super().add_routes(app)
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> JSONBytesResponse:
+            """{"text": str} or {"input": Responses input, "tools", "instructions", "add_generation_prompt"}."""
+            payload = await read_json(request)
+            if isinstance(payload, dict) and isinstance(payload.get("text"), str):
+                return JSONBytesResponse(token_list(self.engine.tokenize(payload["text"], special=True)))
+            if not isinstance(payload, dict) or payload.get("input") is None:
+                raise BadRequest("required: 'text' (a string) or 'input' (Responses input items)", field="text")
+            try:
+                chat = responses_to_chat_request({key: payload.get(key) for key in ("input", "instructions", "tools")})
+            except ConversionError as exc:
+                raise BadRequest(str(exc), field=exc.field) from None
+            text = self.engine.render(chat["messages"], chat.get("tools"),
+                                      add_generation_prompt=payload.get("add_generation_prompt", True) is not False)
+            return JSONBytesResponse(token_list(self.engine._tokenize_prompt(text)))
+
+        @app.post("/detokenize")
+        async def detokenize(request: Request) -> JSONBytesResponse:
+            """{"tokens": [int], "pieces": bool} -> {"text", "pieces"?}."""
+            payload = await read_json(request)
+            tokens = payload.get("tokens") if isinstance(payload, dict) else None
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < self.engine.n_vocab for t in tokens):
+                raise BadRequest(f"required: a list of token ids in [0, {self.engine.n_vocab})", field="tokens")
+            result: dict[str, Any] = {"text": self.engine.detokenize(tokens)}
+            if payload.get("pieces"):
+                result["pieces"] = [self.engine.detokenize([token]) for token in tokens]
+            return JSONBytesResponse(result)
+
     def _sampling(self, chat: dict[str, Any]) -> dict[str, Any]:
         """Engine arguments from a chat request."""
         max_tokens = chat.get("max_tokens") or chat.get("max_completion_tokens") or self.config.default_max_output_tokens
@@ -122,6 +155,10 @@ def previous_turn(payload: dict[str, Any]) -> tuple[tuple[list[int], list[int]] 
             head = responses_to_chat_request({**payload, "input": items[: index + 1]})
             return (item["prompt_token_ids"], item["generation_token_ids"]), len(head["messages"]) - 1
     return None, None
+
+
+def token_list(ids: list[int]) -> dict[str, Any]:
+    return {"tokens": list(ids), "count": len(ids)}
 
 
 def output_items(result: GenerationResult) -> list[dict[str, Any]]:
