@@ -588,6 +588,8 @@ async def _chat_completions(request: web.Request) -> web.Response:
         return error
     if not isinstance(req, dict) or not isinstance(req.get("messages"), list):
         return _error(400, "body must be a JSON object with a 'messages' list", "invalid_request_error")
+    if not all(isinstance(message, dict) for message in req["messages"]):
+        return _error(400, "each message must be a JSON object", "invalid_request_error")
     input_ids = None
     if cfg["shape"] == "sglang" and req.get("input_ids") is not None:
         input_ids = _token_list(req["input_ids"])

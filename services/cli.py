@@ -8,6 +8,7 @@ STARTED = time.perf_counter()  # before the heavy imports, so reported start-up 
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import orjson
 from .client import ServerAddress, ServerClient, registry_from_json
 from .collector import CollectOptions, Collector, companion_paths
 from .config import ConfigError, StackConfig, load_stack
-from .launcher import LaunchError, Stack
+from .launcher import LaunchError, Stack, raise_open_file_limit
 
 
 class UsageError(Exception):
@@ -43,6 +44,14 @@ def print_registry(registry: dict[str, ServerAddress], config: StackConfig) -> N
         print(f"  {name:<{width}}  {' '.join(address.urls)}  ({spec.role}/{spec.folder})")
 
 
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner can read (a registry holds the servers' bearer tokens)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # also when the file already existed with looser permissions
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     files, overrides = split_configs(args.configs)
     config = load_stack(files, overrides)
@@ -58,9 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"rollgym: stack ready in {time.perf_counter() - STARTED:.2f} s", flush=True)
         print_registry(registry, config)
         if args.registry_file:
-            Path(args.registry_file).write_bytes(
-                orjson.dumps({n: a.to_json() for n, a in registry.items()}, option=orjson.OPT_INDENT_2)
-            )
+            write_private(Path(args.registry_file),
+                          orjson.dumps({n: a.to_json() for n, a in registry.items()}, option=orjson.OPT_INDENT_2))
             print(f"  registry written to {args.registry_file}")
         print("Press Ctrl-C to stop.", flush=True)
         while True:
@@ -425,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    raise_open_file_limit()
     try:
         return args.handler(args)
     except (ConfigError, UsageError) as exc:

@@ -189,7 +189,7 @@ class ServerClient:
         max_retries: int = 3,
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 5.0,
-        connection_limit: int = 0,
+        connections_per_server: int = 1024,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError("timeout_s must be positive: no call goes without a timeout")
@@ -198,7 +198,7 @@ class ServerClient:
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
-        self.connection_limit = connection_limit
+        self.connections_per_server = connections_per_server
         self._session: aiohttp.ClientSession | None = None
         self._in_flight: dict[str, int] = {}  # per replica URL, calls of this client
         self._down_until: dict[str, float] = {}  # replica URL -> monotonic time it is avoided until
@@ -206,7 +206,10 @@ class ServerClient:
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.connection_limit, ttl_dns_cache=None, keepalive_timeout=60)
+            # Bounded per server: past the bound, requests wait for a free connection instead of each
+            # opening a socket (16k rollouts in flight would otherwise need ~50k file descriptors).
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_server,
+                                             ttl_dns_cache=None, keepalive_timeout=60)
             self._session = aiohttp.ClientSession(
                 connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False
             )

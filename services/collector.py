@@ -96,6 +96,27 @@ def read_tasks(path: Path, limit: int | None = None) -> tuple[list[Task], list[I
     return tasks, problems
 
 
+def repair_torn_tail(path: Path) -> str | None:
+    """Cut a last line that lacks its newline (a write cut short by a kill); returns a note if it did."""
+    if not path.exists():
+        return None
+    with path.open("r+b") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        keep, end = 0, size
+        while end > 0:  # the last newline, reading backwards in blocks
+            start = max(0, end - 65536)
+            handle.seek(start)
+            newline = handle.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        if keep == size:
+            return None
+        handle.truncate(keep)
+    return f"repaired a torn last line ({size - keep} bytes) in {path}"
+
+
 def scan_output(path: Path) -> tuple[dict[str, RolloutRecord], str | None]:
     """The rollouts already written (by rollout_id), repairing a torn last line from a kill.
 
@@ -167,6 +188,9 @@ class Collector:
         # One shared iterator feeds a fixed pool of workers: memory stays O(concurrency), not O(rollouts).
         jobs = ((task, k) for task in tasks for k in range(options.repeats) if task.rollout_id(k) not in done)
         failures_path, metrics_path = companion_paths(options.output)
+        failures_note = repair_torn_tail(failures_path)
+        if failures_note:
+            self.log(failures_note)
         started = time.perf_counter()
         records = dict(done)
         bar = _progress_bar(total, total - remaining, options.progress)

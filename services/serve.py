@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from .client import registry_from_json
 from .config import ServerSpec, format_validation_error
+from .launcher import raise_open_file_limit
 from .server import BaseServer, ServerStartError
 
 
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, default=None, help="an inherited, bound listening socket")
     parser.add_argument("--replica", type=int, default=0, help="which replica of the server this is (0-based)")
     args = parser.parse_args(argv)
+    raise_open_file_limit()
     stack = orjson.loads(Path(args.stack_file).read_bytes())
     return run_server(stack, args.name, args.fd, args.replica)
 

@@ -200,6 +200,51 @@ class _BodyTooLarge(Exception):
     pass
 
 
+def crash_response(exc: Exception) -> JSONBytesResponse:
+    """The answer to an exception no route handled: 400 for JSON too deep to re-encode, else 500."""
+    if isinstance(exc, orjson.JSONEncodeError) and "Recursion limit" in str(exc):
+        # orjson reads 1024 levels but writes 254: such a body is accepted, then cannot be echoed on.
+        return invalid_request([{"field": "body", "message": "JSON nested deeper than 254 levels is not supported"}], 400)
+    message = f"{type(exc).__name__}: {exc}"[:1000]
+    return JSONBytesResponse(error_body("internal_error", message), 500)
+
+
+class CrashMiddleware:
+    """Answers an unhandled exception with a JSON error and keeps the connection usable.
+
+    (Starlette's own catch-all sends the 500 and then re-raises, so the server logs the trace twice
+    and drops the keep-alive connection under the client's feet.) The trace goes to the server's log;
+    the caller gets the cause, not the stack.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except _BodyTooLarge:
+            raise  # BodyLimitMiddleware, further out, answers it with 413
+        except Exception as exc:
+            if started:
+                raise  # half an answer went out: nothing better to do than to drop the connection
+            response = crash_response(exc)
+            if response.status_code == 500:
+                logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            await response(scope, receive, send)
+
+
 class BearerAuthMiddleware:
     """Requires `Authorization: Bearer <token>` on every route but /health."""
 
@@ -310,6 +355,7 @@ class BaseServer:
         app.state.session_signer = self.session_signer
         app.state.server = self
         self._install_error_handlers(app)
+        app.add_middleware(CrashMiddleware)
         app.add_middleware(SessionCookieMiddleware)
         app.add_middleware(BodyLimitMiddleware, limit=self.config.max_body_bytes)
         if self.config.auth_token:
@@ -341,9 +387,4 @@ class BaseServer:
                 message = f"no route {request.method} {request.url.path}"
             return JSONBytesResponse(error_body(kind, message), exc.status_code, headers=exc.headers)
 
-        @app.exception_handler(Exception)
-        async def on_crash(request: Request, exc: Exception) -> Response:
-            # The trace goes to the server's log; the caller gets the cause, not the stack.
-            logger.exception("unhandled error in %s %s", request.method, request.url.path)
-            message = f"{type(exc).__name__}: {exc}"[:1000]
-            return JSONBytesResponse(error_body("internal_error", message), 500)
+

@@ -565,8 +565,6 @@ def test_bearer_token_through_the_real_launcher(token_stack: tuple[dict[str, Any
     asyncio.run(check())
 
 
-@pytest.mark.xfail(strict=True, reason="bug: services/cli.py:61 writes --registry-file (bearer tokens included) "
-                                       "with the default umask mode, world-readable (0644), unlike the stack file (0600)")
 def test_registry_file_holding_tokens_is_private(token_stack: tuple[dict[str, Any], Path]) -> None:
     _, path = token_stack
     assert TOKEN in path.read_text()
@@ -651,9 +649,6 @@ def test_tampered_session_cookie_is_a_new_session_never_another_one() -> None:
 # --- a torn failures file ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="bug: services/collector.py:174 appends to <output>.failures.jsonl without "
-                                       "repairing a torn last line (scan_output repairs only the output), so the "
-                                       "first failure of the next run is glued onto the fragment: an unparseable line")
 def test_torn_failures_file_is_repaired_on_resume(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     make_tasks(tasks, 2)
@@ -679,11 +674,6 @@ def test_torn_failures_file_is_repaired_on_resume(tmp_path: Path) -> None:
 # --- a 500 and keep-alive -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="bug: services/server.py:344 installs the catch-all handler with "
-                                       "exception_handler(Exception); Starlette runs it in ServerErrorMiddleware, which "
-                                       "sends the 500 and re-raises, so uvicorn logs the trace a second time and closes "
-                                       "the keep-alive connection after the answer, without `Connection: close`: the "
-                                       "next request a pooled client sends on it gets a reset")
 def test_a_500_answer_keeps_the_connection_usable() -> None:
     from resources_servers.inventory.app import InventoryServer
 

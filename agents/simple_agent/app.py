@@ -164,6 +164,11 @@ class SimpleAgent(AgentServer):
             raise RolloutFailure("timeout" if exc.kind == "timeout" else "model_error", str(exc)) from None
         finally:
             loop.model_latency_s += time.perf_counter() - started
+        if 400 <= reply.status < 500 and reply.status != 429:
+            # The model server refused the request itself (e.g. a malformed input item): the task row
+            # is at fault, and retrying cannot help.
+            raise BadRequest(f"the model server rejected the request: {reply.error_message()}",
+                             field=_error_field(reply), status=reply.status)
         if not reply.ok:
             raise RolloutFailure("model_error", f"model server answered HTTP {reply.status}: {reply.error_message()}")
         response = reply.json()
