@@ -117,6 +117,8 @@ def uvicorn_config(server: BaseServer, app: Any, *, fd: int | None = None, loop:
         http="httptools",
         log_level="warning",
         access_log=False,
+        # Servers are addressed directly, not behind a proxy: skip the proxy-header layer.
+        proxy_headers=False,
         timeout_graceful_shutdown=5,
         timeout_keep_alive=75,
         backlog=4096,

@@ -158,44 +158,6 @@ async def read_json(request: Request) -> Any:
         raise BadRequest(f"body is not valid JSON: {exc}", status=400) from None
 
 
-class BodyLimitMiddleware:
-    """Refuses bodies over `limit` bytes with 413, by Content-Length or while streaming."""
-
-    def __init__(self, app: Any, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await self._refuse(send)
-                return
-        received = 0
-
-        async def limited_receive() -> dict:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    raise _BodyTooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await self._refuse(send)
-
-    async def _refuse(self, send: Any) -> None:
-        body = orjson.dumps(error_body("payload_too_large", f"request body exceeds {self.limit} bytes"))
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-
 class _BodyTooLarge(Exception):
     pass
 
@@ -209,40 +171,65 @@ def crash_response(exc: Exception) -> JSONBytesResponse:
     return JSONBytesResponse(error_body("internal_error", message), 500)
 
 
-class CrashMiddleware:
-    """Answers an unhandled exception with a JSON error and keeps the connection usable.
+class RequestGuardMiddleware:
+    """One ASGI layer for what every request needs (each layer costs every request a little):
 
-    (Starlette's own catch-all sends the 500 and then re-raises, so the server logs the trace twice
-    and drops the keep-alive connection under the client's feet.) The trace goes to the server's log;
-    the caller gets the cause, not the stack.
+    - bodies over `limit` bytes get 413, by Content-Length or while streaming;
+    - a session created during the request gets its Set-Cookie, whatever response the route built;
+    - an unhandled exception gets a JSON answer and the keep-alive connection stays usable.
+      (Starlette's own catch-all answers and then re-raises, so the server logs the trace twice and
+      drops the connection under the client's feet.) The trace goes to the server's log; the
+      caller gets the cause, not the stack.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, limit: int) -> None:
         self.app = app
+        self.limit = limit
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                await self._too_large()(scope, receive, send)
+                return
+        received = 0
         started = False
 
-        async def tracking_send(message: dict) -> None:
+        async def limited_receive() -> dict:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise _BodyTooLarge()
+            return message
+
+        async def guarded_send(message: dict) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                cookie = scope.get("state", {}).get("session_cookie")
+                if cookie:
+                    message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
             await send(message)
 
         try:
-            await self.app(scope, receive, tracking_send)
-        except _BodyTooLarge:
-            raise  # BodyLimitMiddleware, further out, answers it with 413
+            await self.app(scope, limited_receive, guarded_send)
         except Exception as exc:
             if started:
                 raise  # half an answer went out: nothing better to do than to drop the connection
-            response = crash_response(exc)
-            if response.status_code == 500:
-                logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            await response(scope, receive, send)
+            if isinstance(exc, _BodyTooLarge):
+                response = self._too_large()
+            else:
+                response = crash_response(exc)
+                if response.status_code == 500:
+                    logger.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            await response(scope, receive, guarded_send)
+
+    def _too_large(self) -> JSONBytesResponse:
+        return JSONBytesResponse(error_body("payload_too_large", f"request body exceeds {self.limit} bytes"), 413)
 
 
 class BearerAuthMiddleware:
@@ -271,30 +258,9 @@ def current_session(request: Request) -> str:
     session_id = signer.verify(request.cookies.get(SESSION_COOKIE))
     if session_id is None:
         session_id, cookie = signer.new()
-        # SessionCookieMiddleware adds it to whatever response the route returns.
+        # RequestGuardMiddleware adds it to whatever response the route returns.
         request.state.session_cookie = f"{SESSION_COOKIE}={cookie}; HttpOnly; Path=/; SameSite=Strict".encode()
     return session_id
-
-
-class SessionCookieMiddleware:
-    """Sends the Set-Cookie of a session created during the request, whatever response the route built."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_cookie(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                cookie = scope.get("state", {}).get("session_cookie")
-                if cookie:
-                    message["headers"] = [*message.get("headers", ()), (b"set-cookie", cookie)]
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
 
 
 SessionId = Annotated[str, Depends(current_session)]
@@ -355,9 +321,7 @@ class BaseServer:
         app.state.session_signer = self.session_signer
         app.state.server = self
         self._install_error_handlers(app)
-        app.add_middleware(CrashMiddleware)
-        app.add_middleware(SessionCookieMiddleware)
-        app.add_middleware(BodyLimitMiddleware, limit=self.config.max_body_bytes)
+        app.add_middleware(RequestGuardMiddleware, limit=self.config.max_body_bytes)
         if self.config.auth_token:
             app.add_middleware(BearerAuthMiddleware, token=self.config.auth_token)
 
