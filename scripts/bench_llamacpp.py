@@ -78,8 +78,6 @@ def main() -> None:
 
     from rollgym import Stack, load_stack
 
-    direct_tokens, direct_s = direct(prompts, args.tokens, args.threads)
-    direct_rate = direct_tokens / direct_s
     config = load_stack([ROOT / "models/llamacpp/configs/llamacpp.yaml"],
                         [f"policy_model.n_threads={args.threads}", "policy_model.n_ctx=2048"])
     with Stack(config) as registry:
@@ -88,6 +86,10 @@ def main() -> None:
         for concurrency in (1, 8):
             tokens, seconds = asyncio.run(served(url, prompts, args.tokens, concurrency))
             rates[concurrency] = tokens / seconds
+    # Direct calls after the server: loading llama.cpp here first would start its OpenMP thread pool
+    # in this process, which the forked server would then inherit broken (libgomp is not fork-safe).
+    direct_tokens, direct_s = direct(prompts, args.tokens, args.threads)
+    direct_rate = direct_tokens / direct_s
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}, llama.cpp threads {args.threads}")
     print(f"direct llama_cpp.Llama:             {direct_rate:7.1f} tokens/s ({direct_tokens} tokens)")
     for concurrency, rate in rates.items():
