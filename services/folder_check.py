@@ -28,6 +28,7 @@ import orjson
 from .client import ServerAddress, ServerClient
 from .config import ROLES, ConfigError, StackConfig, load_stack
 from .launcher import LaunchError, Stack
+from .testing import final_response
 
 
 @dataclass
@@ -178,10 +179,7 @@ async def _one_check(client: ServerClient, env: str, examples: list[dict], numbe
         output.append({"type": "function_call", "id": f"fc_{index}", "call_id": call_id, "name": call["name"],
                        "arguments": orjson.dumps(call.get("arguments", {})).decode(), "status": "completed"})
         output.append({"type": "function_call_output", "call_id": call_id, "output": reply.text})
-    output.append({"type": "message", "id": "msg_check", "role": "assistant", "status": "completed",
-                   "content": [{"type": "output_text", "text": check.get("answer", ""), "annotations": []}]})
-    response = {"id": "resp_check", "object": "response", "created_at": 0, "model": "check",
-                "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "output": output}
+    response = final_response(check.get("answer", ""), output)
     reply = await client.post(env, "/verify", json={**row, "response": response}, cookies=cookies)
     if not reply.ok:
         report.add(False, f"check {number}: /verify answered HTTP {reply.status}: {reply.error_message()}")

@@ -90,16 +90,9 @@ from pathlib import Path
 import httpx
 
 from resources_servers.{name}.app import {cls}Server, score
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
-
-
-def final(text: str) -> dict:
-    return {{"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{{"type": "output_text", "text": text, "annotations": []}}]}}]}}
 
 
 def test_score() -> None:
@@ -114,8 +107,8 @@ def test_server() -> None:
             assert http.post("/seed_session", json=row).status_code == 200
             key = next(iter(row["facts"]))
             assert http.post("/lookup", json={{"key": key}}).text == row["facts"][key]
-            assert http.post("/verify", json={{**row, "response": final(row["expected"])}}).json()["reward"] == 1.0
-            assert http.post("/verify", json={{**row, "response": final("no idea")}}).json()["reward"] == 0.0
+            assert http.post("/verify", json={{**row, "response": final_response(row["expected"])}}).json()["reward"] == 1.0
+            assert http.post("/verify", json={{**row, "response": final_response("no idea")}}).json()["reward"] == 0.0
         bad = http.post("/lookup", json={{"key": 3}})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "key"
 '''

@@ -49,6 +49,15 @@ def serve_in_thread(server: BaseServer, *, port: int = 0, timeout_s: float = 20.
         sock.close()
 
 
+def final_response(text: str, items: list[dict] | None = None) -> dict:
+    """A minimal Responses API response for `/verify`: `items` (tool calls and outputs, if any),
+    then an assistant message saying `text`."""
+    message = {"type": "message", "id": "msg_final", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {"id": "resp_final", "object": "response", "created_at": 0, "model": "test", "parallel_tool_calls": True,
+            "tool_choice": "auto", "tools": [], "output": [*(items or []), message]}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

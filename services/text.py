@@ -24,3 +24,19 @@ def final_message_text(output: Iterable[Any]) -> str:
         if _get(item, "type", "message") == "message" and _get(item, "role") == "assistant":
             text = message_text(item)
     return text
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last complete `\\boxed{...}` in text (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    while start >= 0:
+        depth = 0
+        for index in range(start + len("\\boxed"), len(text)):
+            if text[index] == "{":
+                depth += 1
+            elif text[index] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start + len("\\boxed{"):index]
+        start = text.rfind("\\boxed{", 0, start)  # unclosed: try the one before
+    return None

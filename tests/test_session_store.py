@@ -17,7 +17,7 @@ from resources_servers.weather.app import WeatherServer
 from rollgym import ResourcesServerConfig
 from rollgym.server import ServerStartError
 from rollgym.sessions import SessionStore, SQLiteSessionStore, default_session_db, make_session_store
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 Store = SessionStore | SQLiteSessionStore
 
@@ -269,11 +269,6 @@ def weather_row(city: str) -> dict[str, Any]:
     return {"responses_create_params": {"input": f"What is the weather in {city}?"}, "city": city, "expected": ["x"]}
 
 
-def response_with(text: str) -> dict[str, Any]:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def test_server_default_sqlite_path_is_shared_by_its_workers(tmp_path: Path) -> None:
@@ -308,5 +303,5 @@ def test_two_workers_share_sessions_over_http(tmp_path: Path) -> None:
             assert b.post("/get_weather", json={"city": "Paris"}).text == "Paris: sunny, 22 C"
         with httpx.Client(base_url=url_a, cookies=cookies) as a:
             assert a.post("/get_weather", json={"city": "Oslo"}).status_code == 200
-            verdict = a.post("/verify", json={**weather_row("Paris"), "response": response_with("?")}).json()
+            verdict = a.post("/verify", json={**weather_row("Paris"), "response": final_response("?")}).json()
     assert verdict["looked_up"] == ["Paris", "Oslo"]

@@ -21,7 +21,7 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from pydantic import Field, field_validator
 
 from rollgym import BadRequest, ResourcesServer, ResourcesServerConfig, RunRequest, Verdict
-from rollgym.text import final_message_text
+from rollgym.text import final_message_text, last_boxed
 
 # The model's answer: LaTeX first, \boxed{} at top priority, then plain expressions such as "0.5".
 ANSWER_EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
@@ -84,20 +84,10 @@ def parse_gold(expected: str) -> list[Any]:
     return parsed if any(not isinstance(item, str) for item in parsed) else []
 
 
-def last_boxed(text: str) -> str | None:
-    """The last complete `\\boxed{...}` in text (braces balanced), or None."""
-    start = text.rfind("\\boxed{")
-    while start >= 0:
-        depth = 0
-        for index in range(start + len("\\boxed"), len(text)):
-            if text[index] == "{":
-                depth += 1
-            elif text[index] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start:index + 1]
-        start = text.rfind("\\boxed{", 0, start)  # unclosed: try the one before
-    return None
+def last_boxed_expression(text: str) -> str | None:
+    """The last complete `\\boxed{...}` of text, box included (math-verify reads the box), or None."""
+    content = last_boxed(text)
+    return None if content is None else f"\\boxed{{{content}}}"
 
 
 def parse_answer(answer: str) -> list[Any]:
@@ -107,7 +97,7 @@ def parse_answer(answer: str) -> list[Any]:
     boxes into a set ("\\boxed{4}, no wait, \\boxed{6}" would be {4, 6}).
     """
     text = answer[-MAX_ANSWER_CHARS:]
-    return parse(last_boxed(text) or text, extraction_config=ANSWER_EXTRACTION, parsing_timeout=None)
+    return parse(last_boxed_expression(text) or text, extraction_config=ANSWER_EXTRACTION, parsing_timeout=None)
 
 
 def extracted_string(parsed: list[Any]) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from rollgym import ResourcesServer, RunRequest, Verdict
-from rollgym.text import final_message_text
+from rollgym.text import final_message_text, last_boxed
 
 LETTER_KEY = re.compile(r"[A-Z]")
 
@@ -89,20 +89,6 @@ def clean(answer: str) -> str:
     return text.replace("$", " ").replace("\\(", " ").replace("\\)", " ")
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last complete `\\boxed{...}` (braces balanced), or None."""
-    start = text.rfind("\\boxed{")
-    while start >= 0:
-        depth = 0
-        for index in range(start + len("\\boxed"), len(text)):
-            if text[index] == "{":
-                depth += 1
-            elif text[index] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start + len("\\boxed{"):index]
-        start = text.rfind("\\boxed{", 0, start)
-    return None
 
 
 def _is_word_use(letter: str, following: str) -> bool:

@@ -23,7 +23,7 @@ from resources_servers.code.app import (
 from resources_servers.code.sandbox import Sandbox, SandboxLimits, SandboxResult
 from rollgym.config import load_stack
 from rollgym.serve import build_server
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]
 DATA = FOLDER / "data" / "example.jsonl"
@@ -52,11 +52,6 @@ def fenced(code: str, tag: str = "python") -> str:
     return f"Here is my solution:\n\n```{tag}\n{code}```\n\nIt handles the edge cases."
 
 
-def final(text: str) -> dict:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 # --- extraction ---------------------------------------------------------------------------------
@@ -204,15 +199,15 @@ def test_server_end_to_end_over_http() -> None:
         assert info["mode"] in ("namespaces", "basic", "minimal") and info["limits"]["wall_time_s"] == 10.0
         for row in rows:
             assert http.post("/seed_session", json=row).status_code == 200
-            good = http.post("/verify", json={**row, "response": final(fenced(SOLUTIONS[row["entry_point"]]))})
+            good = http.post("/verify", json={**row, "response": final_response(fenced(SOLUTIONS[row["entry_point"]]))})
             assert good.status_code == 200, good.text
             body = good.json()
             n = len(row["tests"])
             assert body["reward"] == 1.0 and body["test_results"] == [True] * n
             assert body["reward_components"] == {"tests_passed": n, "tests_total": n}
-            no_code = http.post("/verify", json={**row, "response": final("I cannot solve this.")}).json()
+            no_code = http.post("/verify", json={**row, "response": final_response("I cannot solve this.")}).json()
             assert no_code["reward"] == 0.0 and no_code["reason"] == "syntax_error"  # prose, read as code
-            empty = http.post("/verify", json={**row, "response": final("   ")}).json()
+            empty = http.post("/verify", json={**row, "response": final_response("   ")}).json()
             assert empty["reward"] == 0.0 and empty["reason"] == "no_code"
         # run_python: the output, the exit status, the session's count.
         row = rows[0]
@@ -221,7 +216,7 @@ def test_server_end_to_end_over_http() -> None:
         assert ran.headers["content-type"].startswith("text/plain")
         assert ran.text.splitlines()[0] == "exit status 3"
         assert "--- stdout ---\nhi\n" in ran.text and "oops" in ran.text
-        verdict = http.post("/verify", json={**row, "response": final(fenced(SOLUTIONS["add"]))}).json()
+        verdict = http.post("/verify", json={**row, "response": final_response(fenced(SOLUTIONS["add"]))}).json()
         assert verdict["run_python_calls"] == 1
         # Bad tool arguments and bad task rows: 422 naming the field.
         for args, field in (({"code": 5}, "code"), ({}, "code"), ({"code": "1", "stdin": "x"}, "stdin")):
@@ -236,7 +231,7 @@ def test_server_end_to_end_over_http() -> None:
             ({"entry_point": "not a name", "tests": ["assert 1"]}, "entry_point"),
         ):
             for route in ("/seed_session", "/verify"):
-                bad = http.post(route, json={"responses_create_params": params, **task, "response": final("x")})
+                bad = http.post(route, json={"responses_create_params": params, **task, "response": final_response("x")})
                 assert bad.status_code == 422 and bad.json()["error"]["field"] == field, (task, bad.text)
 
 
@@ -262,7 +257,7 @@ def test_concurrent_verifications_are_bounded(monkeypatch: pytest.MonkeyPatch) -
     with serve_in_thread(server) as url:
         def verify(code: str) -> float:
             with httpx.Client(base_url=url, timeout=60) as http:
-                return http.post("/verify", json={**row, "response": final(fenced(code))}).json()["reward"]
+                return http.post("/verify", json={**row, "response": final_response(fenced(code))}).json()["reward"]
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
             rewards = list(pool.map(verify, answers))

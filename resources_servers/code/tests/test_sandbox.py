@@ -26,7 +26,7 @@ import pytest
 
 from resources_servers.code.app import CodeServer, CodeServerConfig
 from resources_servers.code.sandbox import Sandbox, SandboxError, SandboxLimits, UidLease, uid_processes_of
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]
 ROW = json.loads((FOLDER / "data" / "example.jsonl").read_text().splitlines()[0])  # add(a, b), 4 tests
@@ -39,11 +39,6 @@ SECRET_NAME = "ROLLGYM_CODE_TEST_SECRET"
 SECRET = f"secret-{uuid.uuid4().hex}"
 
 
-def final(text: str) -> dict:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def sandbox_processes() -> list[int]:
@@ -66,7 +61,7 @@ class Env:
         return answer.text
 
     def verify(self, answer: str) -> dict:
-        reply = self.http.post("/verify", json={**ROW, "response": final(answer)})
+        reply = self.http.post("/verify", json={**ROW, "response": final_response(answer)})
         assert reply.status_code == 200, reply.text
         return reply.json()
 

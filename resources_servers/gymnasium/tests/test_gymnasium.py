@@ -23,7 +23,7 @@ from resources_servers.gymnasium.app import (  # noqa: E402
 from rollgym.config import load_stack  # noqa: E402
 from rollgym.serve import build_server  # noqa: E402
 from rollgym.server import BadRequest, ServerStartError  # noqa: E402
-from rollgym.testing import serve_in_thread  # noqa: E402
+from rollgym.testing import final_response, serve_in_thread  # noqa: E402
 
 FOLDER = Path(__file__).resolve().parents[1]
 DATA = FOLDER / "data" / "example.jsonl"
@@ -36,11 +36,6 @@ LAKE = {"responses_create_params": {"input": "Play FrozenLake."}, "env_id": "Fro
 TO_GOAL = ["down", "down", "right", "right", "down", "right"]
 
 
-def response_with(text: str) -> dict[str, Any]:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +52,7 @@ def step(http: httpx.Client, action: Any) -> str:
 
 
 def verify(http: httpx.Client, row: dict[str, Any]) -> dict[str, Any]:
-    reply = http.post("/verify", json={**row, "response": response_with("done")})
+    reply = http.post("/verify", json={**row, "response": final_response("done")})
     assert reply.status_code == 200, reply.text
     return reply.json()
 

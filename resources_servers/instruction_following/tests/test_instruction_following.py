@@ -21,7 +21,7 @@ from resources_servers.instruction_following.app import (
 )
 from rollgym.config import load_stack
 from rollgym.serve import build_server
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]
 DATA = FOLDER / "data" / "example.jsonl"
@@ -109,11 +109,6 @@ GOOD = [
 ]
 
 
-def final(text: str) -> dict:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def test_server_end_to_end_over_http() -> None:
@@ -124,17 +119,17 @@ def test_server_end_to_end_over_http() -> None:
         assert http.get("/tools").json() == []
         for row, good_answer in zip(rows, GOOD):
             assert http.post("/seed_session", json=row).status_code == 200
-            good = http.post("/verify", json={**row, "response": final(good_answer)}).json()
+            good = http.post("/verify", json={**row, "response": final_response(good_answer)}).json()
             assert good["reward"] == 1.0, good["reward_components"]
             assert list(good["reward_components"]) == [f"{i}:{c['type']}" for i, c in enumerate(row["instructions"])]
             assert good["satisfied"] == good["total"] == len(row["instructions"])
         # A known-bad answer, exactly: row 0 wants lowercase, no commas, 30-80 words, "steel" and "leak-proof".
-        bad = http.post("/verify", json={**rows[0], "response": final("a bottle made of steel.")}).json()
+        bad = http.post("/verify", json={**rows[0], "response": final_response("a bottle made of steel.")}).json()
         assert bad["reward"] == 0.5
         assert bad["reward_components"] == {"0:all_lowercase": 1.0, "1:no_commas": 1.0, "2:word_count": 0.0,
                                             "3:include_keywords": 0.0}
         assert bad["satisfied"] == 2 and bad["total"] == 4
-        empty = http.post("/verify", json={**rows[2], "response": final("")}).json()
+        empty = http.post("/verify", json={**rows[2], "response": final_response("")}).json()
         assert empty["reward"] == 1 / 3 and empty["reward_components"]["1:exclude_keywords"] == 1.0
 
         params = rows[0]["responses_create_params"]

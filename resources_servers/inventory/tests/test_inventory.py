@@ -26,7 +26,7 @@ from rollgym import ResourcesServerConfig
 from rollgym.config import load_stack
 from rollgym.serve import build_server
 from rollgym.sessions import SQLiteSessionStore
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]
 DATA = FOLDER / "data" / "example.jsonl"
@@ -49,11 +49,6 @@ GOOD = [
 ]
 
 
-def response_with(text: str) -> dict[str, Any]:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def world(initial: dict, target: dict | None = None, prices: dict | None = None) -> dict[str, Any]:
@@ -133,7 +128,7 @@ def call(http: httpx.Client, name: str, args: dict[str, Any]) -> httpx.Response:
 
 
 def verify(http: httpx.Client, row: dict[str, Any]) -> dict[str, Any]:
-    reply = http.post("/verify", json={**row, "response": response_with("Done.")})
+    reply = http.post("/verify", json={**row, "response": final_response("Done.")})
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -286,7 +281,7 @@ async def run_sessions(urls: list[str], count: int = 200) -> None:
                 reply = await rng.choice(clients).post(f"/{name}", json=args)
                 assert reply.status_code == 200, reply.text
                 assert not reply.text.startswith("Error"), (i, name, reply.text)
-            verified = await rng.choice(clients).post("/verify", json={**row, "response": response_with("done")})
+            verified = await rng.choice(clients).post("/verify", json={**row, "response": final_response("done")})
             assert verified.status_code == 200, verified.text
             return verified.json()
         finally:

@@ -35,7 +35,7 @@ from rollgym import ModelServer, ResponsesCreateParams, ServerAddress, build_res
 from rollgym.config import load_stack
 from rollgym.schema import RunResponse
 from rollgym.serve import build_server
-from rollgym.testing import free_port, scripted_backend, serve_in_thread
+from rollgym.testing import final_response, free_port, scripted_backend, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]
 DATA = FOLDER / "data" / "example.jsonl"
@@ -45,11 +45,6 @@ ROWS = [json.loads(line) for line in DATA.read_text().splitlines()]
 ROW = ROWS[0]
 
 
-def response_with(text: str) -> dict[str, Any]:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 # --- score parsing -----------------------------------------------------------------------------------
@@ -159,7 +154,7 @@ def env_client(judge: ModelServer | str, **config: Any) -> Iterator[httpx.Client
 
 
 def verify(client: httpx.Client, answer: str, row: dict[str, Any] = ROW) -> httpx.Response:
-    return client.post("/verify", json={**row, "response": response_with(answer)})
+    return client.post("/verify", json={**row, "response": final_response(answer)})
 
 
 # --- rewards -------------------------------------------------------------------------------------------------

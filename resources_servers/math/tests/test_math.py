@@ -16,13 +16,13 @@ from resources_servers.math.app import (
     MathResult,
     MathServer,
     MathServerConfig,
-    last_boxed,
+    last_boxed_expression,
     math_reward,
     run_with_deadline,
 )
 from rollgym.config import load_stack
 from rollgym.serve import build_server
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]
 DATA = FOLDER / "data" / "example.jsonl"
@@ -72,10 +72,10 @@ def test_unparsable_gold_is_reported_not_raised() -> None:
     assert result.reward == 0.0 and result.details["reason"] == "the expected answer could not be parsed"
 
 
-def test_last_boxed() -> None:
-    assert last_boxed("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == "\\boxed{\\frac{1}{2}}"
-    assert last_boxed("\\boxed{7} then \\boxed{8") == "\\boxed{7}"
-    assert last_boxed("no box") is None
+def test_last_boxed_expression() -> None:
+    assert last_boxed_expression("a \\boxed{1} b \\boxed{\\frac{1}{2}} c") == "\\boxed{\\frac{1}{2}}"
+    assert last_boxed_expression("\\boxed{7} then \\boxed{8") == "\\boxed{7}"
+    assert last_boxed_expression("no box") is None
 
 
 def test_grading_works_off_the_main_thread() -> None:
@@ -103,11 +103,6 @@ def test_deadline_answers_timeout() -> None:
     assert on_time.reward == 1.0
 
 
-def final(text: str) -> dict:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def test_server_end_to_end_over_http() -> None:
@@ -117,15 +112,15 @@ def test_server_end_to_end_over_http() -> None:
         assert http.get("/tools").json() == []
         for row in rows:
             assert http.post("/seed_session", json=row).status_code == 200
-            good = http.post("/verify", json={**row, "response": final(f"... so \\boxed{{{row['expected_answer']}}}")})
+            good = http.post("/verify", json={**row, "response": final_response(f"... so \\boxed{{{row['expected_answer']}}}")})
             assert good.status_code == 200, good.text
             assert good.json()["reward"] == 1.0 and good.json()["extracted"] is not None
-            bad = http.post("/verify", json={**row, "response": final("I don't know.")}).json()
+            bad = http.post("/verify", json={**row, "response": final_response("I don't know.")}).json()
             assert bad["reward"] == 0.0 and bad["extracted"] is None and bad["reason"] == "no mathematical answer found"
-            wrong = http.post("/verify", json={**row, "response": final("\\boxed{1000}")}).json()
+            wrong = http.post("/verify", json={**row, "response": final_response("\\boxed{1000}")}).json()
             assert wrong["reward"] == 0.0 and wrong["extracted"] == "1000"
         row = rows[1]
-        half = http.post("/verify", json={**row, "response": final("The answer is 0.5")}).json()
+        half = http.post("/verify", json={**row, "response": final_response("The answer is 0.5")}).json()
         assert half["reward"] == 1.0
         # Bad task rows: 422 naming the field.
         params = row["responses_create_params"]
@@ -137,11 +132,11 @@ def test_server_end_to_end_over_http() -> None:
         assert blank.status_code == 422 and blank.json()["error"]["field"] == "expected_answer"
         unparsable = {"responses_create_params": params, "expected_answer": "\\frac{"}
         for route in ("/seed_session", "/verify"):
-            answer = http.post(route, json={**unparsable, "response": final("\\boxed{1}")})
+            answer = http.post(route, json={**unparsable, "response": final_response("\\boxed{1}")})
             assert answer.status_code == 422 and answer.json()["error"]["field"] == "expected_answer"
         # A JSON number is accepted as the gold answer.
         number = http.post("/verify", json={"responses_create_params": params, "expected_answer": 42,
-                                            "response": final("\\boxed{42}")}).json()
+                                            "response": final_response("\\boxed{42}")}).json()
         assert number["reward"] == 1.0
 
 
@@ -154,14 +149,14 @@ def test_timeout_over_http() -> None:
     with serve_in_thread(server) as url, httpx.Client(base_url=url) as http:
         stuck = server.pool.submit(release.wait, 30)
         try:
-            answer = http.post("/verify", json={**row, "response": final("\\boxed{42}")}).json()
+            answer = http.post("/verify", json={**row, "response": final_response("\\boxed{42}")}).json()
             assert answer["reward"] == 0.0 and answer["extracted"] is None and answer["reason"] == "timeout"
             assert http.get("/health").status_code == 200
         finally:
             release.set()
         stuck.result(timeout=5)
         server.config.grading_timeout_s = 30.0  # a loaded test machine must not time out the check below
-        good = final(f"\\boxed{{{row['expected_answer']}}}")
+        good = final_response(f"\\boxed{{{row['expected_answer']}}}")
         assert http.post("/verify", json={**row, "response": good}).json()["reward"] == 1.0
 
 

@@ -11,7 +11,7 @@ import pytest
 from resources_servers.mcq.app import McqServer, extract_choice, mcq_reward
 from rollgym.config import load_stack
 from rollgym.serve import build_server
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]
 DATA = FOLDER / "data" / "example.jsonl"
@@ -109,11 +109,6 @@ def test_reward(answer: str, reward: float, extracted: str | None) -> None:
     assert mcq_reward(answer, CITIES, "B") == (reward, extracted)
 
 
-def final(text: str) -> dict:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def test_server_end_to_end_over_http() -> None:
@@ -125,13 +120,13 @@ def test_server_end_to_end_over_http() -> None:
             assert http.post("/seed_session", json=row).status_code == 200
             right = row["expected_answer"]
             wrong = next(letter for letter in row["options"] if letter != right)
-            good = http.post("/verify", json={**row, "response": final(f"Let me think.\nAnswer: {right}")}).json()
+            good = http.post("/verify", json={**row, "response": final_response(f"Let me think.\nAnswer: {right}")}).json()
             assert good["reward"] == 1.0 and good["extracted"] == right
-            text = http.post("/verify", json={**row, "response": final(row["options"][right])}).json()
+            text = http.post("/verify", json={**row, "response": final_response(row["options"][right])}).json()
             assert text["reward"] == 1.0 and text["extracted"] == right
-            bad = http.post("/verify", json={**row, "response": final(f"Answer: {wrong}")}).json()
+            bad = http.post("/verify", json={**row, "response": final_response(f"Answer: {wrong}")}).json()
             assert bad["reward"] == 0.0 and bad["extracted"] == wrong
-            none = http.post("/verify", json={**row, "response": final("I am not sure.")}).json()
+            none = http.post("/verify", json={**row, "response": final_response("I am not sure.")}).json()
             assert none["reward"] == 0.0 and none["extracted"] is None
 
         params = rows[0]["responses_create_params"]
@@ -154,7 +149,7 @@ def test_server_end_to_end_over_http() -> None:
         # A lower-case expected letter is the same letter.
         lower = {"responses_create_params": params, "options": options, "expected_answer": "b"}
         assert http.post("/seed_session", json=lower).status_code == 200
-        assert http.post("/verify", json={**lower, "response": final("B")}).json()["reward"] == 1.0
+        assert http.post("/verify", json={**lower, "response": final_response("B")}).json()["reward"] == 1.0
         message = http.post("/seed_session", json={"responses_create_params": params, "options": options,
                                                    "expected_answer": "C"}).json()["error"]["message"]
         assert message == "field 'expected_answer': Value error, must be one of the option letters A, B, got 'C'"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from resources_servers.reverse_text.app import ReverseTextServer, lcs_length, reverse_reward
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -46,11 +46,6 @@ def test_reward(answer: str, reward: float) -> None:
     assert reverse_reward(answer, "hello world") == pytest.approx(reward)
 
 
-def final(text: str) -> dict:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def test_server_verifies_example_rows() -> None:
@@ -59,10 +54,10 @@ def test_server_verifies_example_rows() -> None:
     with serve_in_thread(ReverseTextServer(name="reverse_text")) as url, httpx.Client(base_url=url) as http:
         for row in rows:
             assert http.post("/seed_session", json=row).status_code == 200
-            good = http.post("/verify", json={**row, "response": final(row["text"][::-1])}).json()
+            good = http.post("/verify", json={**row, "response": final_response(row["text"][::-1])}).json()
             assert good["reward"] == 1.0 and good["exact"] is True
             assert good["expected_answer"] == row["text"][::-1]
-            bad = http.post("/verify", json={**row, "response": final(row["text"])}).json()
+            bad = http.post("/verify", json={**row, "response": final_response(row["text"])}).json()
             assert bad["reward"] < 1.0 and bad["exact"] is False
         missing = http.post("/seed_session", json={"responses_create_params": {"input": "x"}})
         assert missing.status_code == 422 and missing.json()["error"]["field"] == "text"

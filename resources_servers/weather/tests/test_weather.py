@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from resources_servers.weather.app import WeatherServer, weather_report, weather_reward
-from rollgym.testing import serve_in_thread
+from rollgym.testing import final_response, serve_in_thread
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
 
@@ -31,11 +31,6 @@ def test_weather_reward(answer: str, expected: list[str], reward: float) -> None
     assert weather_reward(answer, expected) == reward
 
 
-def response_with(text: str) -> dict:
-    return {"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [],
-            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-                        "content": [{"type": "output_text", "text": text, "annotations": []}]}]}
 
 
 def test_server_end_to_end_over_http() -> None:
@@ -49,9 +44,9 @@ def test_server_end_to_end_over_http() -> None:
             assert http.post("/seed_session", json=row).status_code == 200
             report = http.post("/get_weather", json={"city": row["city"]})
             assert report.headers["content-type"].startswith("text/plain")
-            good = http.post("/verify", json={**row, "response": response_with(report.text)}).json()
+            good = http.post("/verify", json={**row, "response": final_response(report.text)}).json()
             assert good["reward"] == 1.0 and good["looked_up"] == [row["city"]]
-            bad = http.post("/verify", json={**row, "response": response_with("I do not know.")}).json()
+            bad = http.post("/verify", json={**row, "response": final_response("I do not know.")}).json()
             assert bad["reward"] == 0.0
         bad_args = http.post("/get_weather", json={"city": 5})
         assert bad_args.status_code == 422 and bad_args.json()["error"]["field"] == "city"
