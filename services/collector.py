@@ -158,6 +158,40 @@ def scan_output(path: Path) -> tuple[dict[str, RolloutRecord], str | None]:
     return records, note
 
 
+@dataclass
+class Attempt:
+    """One POST /run, classified: a verified rollout, or a failure's status and cause."""
+
+    rollout: dict[str, Any] | None
+    status: str
+    error: str | None = None
+    retryable: bool = True
+
+
+async def attempt_run(client: ServerClient, agent: str, payload: dict[str, Any], timeout_s: float) -> Attempt:
+    """Send one task row to an agent's /run and say what came back.
+
+    A rollout counts only with a policy status and a numeric reward; an infrastructure status, an
+    unreachable or failing agent, or an answer without a reward is a failure (never a reward of 0).
+    A 4xx means the task row itself was refused ("rejected"): retrying cannot help.
+    """
+    try:
+        reply = await client.post(agent, "/run", json=payload, timeout_s=timeout_s)
+    except ServerCallError as exc:
+        return Attempt(None, "timeout" if exc.kind == "timeout" else "agent_error", str(exc),
+                       retryable=exc.kind != "unknown_server")
+    if not reply.ok:
+        status = "rejected" if 400 <= reply.status < 500 else "agent_error"
+        return Attempt(None, status, f"HTTP {reply.status}: {reply.error_message()}", retryable=status != "rejected")
+    rollout = reply.json()
+    status = str(rollout.get("status", "ok"))
+    if status in FAILURE_STATUSES:
+        return Attempt(None, status, rollout.get("error"))
+    if not isinstance(rollout.get("reward"), (int, float)):
+        return Attempt(None, "agent_error", f"the agent answered status {status!r} without a reward")
+    return Attempt(rollout, status)
+
+
 class Collector:
     """Runs a collection against an agent server (by registry name or URL)."""
 
@@ -245,26 +279,12 @@ class Collector:
         payload["group_id"] = task.group_id
         agent = _agent_for(task.row, self.agent)
         for attempt in range(1, options.max_attempts + 1):
-            status, error, retryable = "ok", None, True
-            try:
-                reply = await self.client.post(agent, "/run", json=payload, timeout_s=options.timeout_s)
-            except ServerCallError as exc:
-                status = "timeout" if exc.kind == "timeout" else "agent_error"
-                error = str(exc)
-                retryable = exc.kind != "unknown_server"
-            else:
-                if reply.ok:
-                    rollout = reply.json()
-                    status = rollout.get("status", "ok")
-                    if status not in FAILURE_STATUSES:
-                        rollout["rollout_id"], rollout["group_id"] = rollout_id, task.group_id
-                        return rollout
-                    error = rollout.get("error")
-                else:
-                    status = "rejected" if 400 <= reply.status < 500 else "agent_error"
-                    error = f"HTTP {reply.status}: {reply.error_message()}"
-                    retryable = status != "rejected"  # a bad task row stays bad
-            final = attempt == options.max_attempts or not retryable
+            outcome = await attempt_run(self.client, agent, payload, options.timeout_s)
+            if outcome.rollout is not None:
+                outcome.rollout["rollout_id"], outcome.rollout["group_id"] = rollout_id, task.group_id
+                return outcome.rollout
+            status, error = outcome.status, outcome.error
+            final = attempt == options.max_attempts or not outcome.retryable
             record = {"rollout_id": rollout_id, "group_id": task.group_id, "line": task.line, "attempt": attempt,
                       "final": final, "status": status, "error": error, "time": time.time()}
             failures.write(orjson.dumps(record) + b"\n")

@@ -36,17 +36,14 @@ from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 import orjson
 from pydantic import ValidationError
 
-from .client import ServerAddress, ServerCallError, ServerClient, registry_from_json
-from .collector import _agent_for
-from .schema import FAILURE_STATUSES, RunRequest
+from .client import ServerAddress, ServerClient, registry_from_json
+from .collector import _agent_for, attempt_run
+from .schema import RunRequest
 from .server import validation_errors
 
 log = logging.getLogger("rollgym.rollout_client")
 
 T = TypeVar("T")
-
-# Failed attempts worth another try: the infrastructure failed, not the task row.
-RETRYABLE_STATUSES: frozenset[str] = FAILURE_STATUSES | {"agent_error"}
 
 
 @dataclass(frozen=True)
@@ -351,32 +348,13 @@ class RolloutClient:
 
     async def _rollout(self, client: ServerClient, job: _Job) -> dict[str, Any] | RolloutFailure:
         """One rollout with bounded retries of infrastructure failures (as the collector does)."""
-        status, error = "agent_error", None
         for attempt in range(1, self.max_attempts + 1):
-            retryable = True
-            try:
-                reply = await client.post(job.agent, "/run", json=job.payload, timeout_s=self.timeout_s)
-            except ServerCallError as exc:
-                status = "timeout" if exc.kind == "timeout" else "agent_error"
-                error = str(exc)
-                retryable = exc.kind != "unknown_server"
-            else:
-                if reply.ok:
-                    rollout = reply.json()
-                    status = str(rollout.get("status", "ok"))
-                    if status not in RETRYABLE_STATUSES and rollout.get("reward") is not None:
-                        rollout["rollout_id"], rollout["group_id"] = job.payload["rollout_id"], job.group_id
-                        return rollout
-                    if status not in RETRYABLE_STATUSES:  # a policy status without a reward: not a rollout
-                        status = "agent_error"
-                        error = f"the agent answered status {rollout.get('status')!r} without a reward"
-                    else:
-                        error = rollout.get("error")
-                else:
-                    status = "rejected" if 400 <= reply.status < 500 else "agent_error"
-                    error = f"HTTP {reply.status}: {reply.error_message()}"
-                    retryable = status != "rejected"  # a bad task row stays bad
-            final = attempt == self.max_attempts or not retryable
+            outcome = await attempt_run(client, job.agent, job.payload, self.timeout_s)
+            if outcome.rollout is not None:
+                outcome.rollout["rollout_id"], outcome.rollout["group_id"] = job.payload["rollout_id"], job.group_id
+                return outcome.rollout
+            status, error = outcome.status, outcome.error
+            final = attempt == self.max_attempts or not outcome.retryable
             log.warning("rollout %s attempt %d/%d failed (%s): %s%s", job.payload["rollout_id"], attempt,
                         self.max_attempts, status, error, "" if final else "; retrying")
             if final:
@@ -422,4 +400,4 @@ def _raise_on_failure(result: RolloutResult, total: int) -> list[list[dict[str, 
     return result.groups
 
 
-__all__ = ["RETRYABLE_STATUSES", "RolloutClient", "RolloutFailure", "RolloutResult", "RolloutsFailed"]
+__all__ = ["RolloutClient", "RolloutFailure", "RolloutResult", "RolloutsFailed"]
