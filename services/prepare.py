@@ -107,7 +107,7 @@ class Router:
         return agents[0], None
 
     def problem(self, row: dict[str, Any], env: str) -> str | None:
-        from .server import validation_errors
+        from .errors import validation_errors
 
         try:
             self.environments[env].task_model.model_validate(row)

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from .client import ServerAddress, ServerClient, registry_from_json
 from .collector import _agent_for, attempt_run
 from .schema import RunRequest
-from .server import validation_errors
+from .errors import validation_errors
 
 log = logging.getLogger("rollgym.rollout_client")
 

@@ -22,6 +22,8 @@ from openai.types.responses import (
 from openai.types.responses.response_input_item import FunctionCallOutput as _FunctionCallOutput
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
+from .statuses import FAILURE_STATUSES, POLICY_STATUSES, RolloutStatus
+
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
 
@@ -136,14 +138,6 @@ class ModelResponse(Response):
     """A Responses API response whose output items may carry token fields."""
 
     output: list[OutputItem]  # type: ignore[assignment]
-
-
-RolloutStatus = Literal["ok", "truncated", "max_steps", "model_error", "env_error", "timeout"]
-
-# Statuses where the policy produced the trajectory: it was verified and its reward is real.
-POLICY_STATUSES: frozenset[str] = frozenset({"ok", "truncated", "max_steps"})
-# Statuses where infrastructure failed: no reward, the collector records and retries them.
-FAILURE_STATUSES: frozenset[str] = frozenset({"model_error", "env_error", "timeout"})
 
 
 class RunRequest(BaseModel):

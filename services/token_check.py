@@ -33,7 +33,7 @@ import orjson
 
 from .client import ServerAddress, ServerCallError, ServerClient, registry_from_json
 from .config import StackConfig, load_stack
-from .schema import FAILURE_STATUSES
+from .statuses import FAILURE_STATUSES
 from .sequences import TokenRecord, common_prefix_length, first_divergence, token_record
 
 WINDOW = 6  # tokens shown on each side of a divergence
