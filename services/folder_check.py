@@ -28,6 +28,7 @@ import orjson
 from .client import ServerAddress, ServerClient
 from .config import ROLES, ConfigError, StackConfig, load_stack
 from .launcher import LaunchError, Stack
+from .serve import load_server_class
 from .testing import final_response
 
 
@@ -199,6 +200,12 @@ def _live_model(folder: Path, root: Path, report: FolderReport) -> None:
         return
     full = load_stack(configs, add_default_model=False)
     names = _own_servers(full, folder)
+    spec = full.servers[names[0]]
+    server_class = load_server_class(spec)
+    reason = server_class.live_check_skip_reason(server_class.config_class.model_validate(spec.options))
+    if reason:
+        report.add(True, f"live check skipped: {reason}")
+        return
     stack = Stack(_stack_for(configs, set(names[:1])))
     registry = stack.start(timeout_s=180)
     try:

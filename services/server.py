@@ -247,6 +247,11 @@ class BaseServer:
         self.session_signer = SessionSigner(session_secret or secrets.token_hex(32))
 
     # Hooks for subclasses.
+    @classmethod
+    def live_check_skip_reason(cls, config: ServerConfig) -> str | None:
+        """Why `rollgym test` cannot start this server here (e.g. it needs an API key), or None."""
+        return None
+
     def add_routes(self, app: FastAPI) -> None:
         """Register the role's routes."""
 

@@ -48,3 +48,10 @@ def test_bad_arguments() -> None:
     assert "goes in resources_servers/NAME" in rollgym("init", "elsewhere/thing").stderr
     result = rollgym("test", "docs")
     assert result.returncode == 1 and "is not a server folder" in result.stdout
+
+
+def test_a_server_that_needs_a_secret_says_why_it_is_not_checked_live(monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    result = rollgym("test", "--no-tests", "models/openai_responses")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "live check skipped: needs an OpenAI API key (set OPENAI_API_KEY)" in result.stdout

@@ -48,6 +48,10 @@ class OpenAIResponsesModel(ModelServer):
     config_class = OpenAIResponsesConfig
     config: OpenAIResponsesConfig
 
+    @classmethod
+    def live_check_skip_reason(cls, config: OpenAIResponsesConfig) -> str | None:
+        return None if config.api_key else "needs an OpenAI API key (set OPENAI_API_KEY)"
+
     def __init__(self, config: OpenAIResponsesConfig | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         if not self.config.api_key:
