@@ -5,7 +5,6 @@ and a rerun of the same command resumes with nothing added."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

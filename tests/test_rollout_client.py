@@ -13,21 +13,15 @@ import socket
 import threading
 import time
 from collections import Counter
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 from aiohttp import web
 
-from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
-from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
-from resources_servers.reverse_text.app import ReverseTextServer
-from resources_servers.weather.app import WeatherServer
 from rollgym import RolloutClient, RolloutFailure, RolloutResult, RolloutsFailed
-from rollgym.client import ServerAddress
 from rollgym.schema import RunResponse
-from rollgym.testing import scripted_backend, serve_in_thread
 
 REVERSE_SYSTEM = "You reverse text. Reply with the reversed text only, nothing else."
 
@@ -44,33 +38,6 @@ def weather_row(city: str, expected: list[str]) -> dict[str, Any]:
     return {"responses_create_params": {"input": [{"role": "user", "content": f"What is the weather in {city}?"}],
                                         "tools": [tool]},
             "city": city, "expected": expected, "agent_ref": {"type": "agents", "name": "weather_agent"}}
-
-
-def simple_agent(name: str, env: str, model_url: str, env_url: str) -> SimpleAgent:
-    return SimpleAgent(
-        SimpleAgentConfig(model_server={"name": "policy_model"}, resources_server={"name": env}), name=name,
-        registry={"policy_model": ServerAddress(url=model_url, role="models"),
-                  env: ServerAddress(url=env_url, role="resources_servers")},
-    )
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[dict[str, ServerAddress]]:
-    """A real stack with two agents; yields its registry."""
-    with ExitStack() as stack:
-        backend = stack.enter_context(scripted_backend("--token-info"))
-        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
-                                     name="policy_model")
-        model_url = stack.enter_context(serve_in_thread(model))
-        reverse_url = stack.enter_context(serve_in_thread(ReverseTextServer(name="reverse_text")))
-        weather_url = stack.enter_context(serve_in_thread(WeatherServer(name="weather")))
-        yield {
-            "policy_model": ServerAddress(model_url, "models"),
-            "reverse_text_agent": ServerAddress(stack.enter_context(serve_in_thread(
-                simple_agent("reverse_text_agent", "reverse_text", model_url, reverse_url))), "agents"),
-            "weather_agent": ServerAddress(stack.enter_context(serve_in_thread(
-                simple_agent("weather_agent", "weather", model_url, weather_url))), "agents"),
-        }
 
 
 # ---------------------------------------------------------------------------- a scripted agent
@@ -146,9 +113,9 @@ def fast_client(url: str, **kwargs: Any) -> RolloutClient:
 # ---------------------------------------------------------------------------- the real stack
 
 
-def test_groups_follow_input_order_with_stamped_ids(stack) -> None:
+def test_groups_follow_input_order_with_stamped_ids(scripted_agents) -> None:
     rows = [reverse_row("bridge"), reverse_row("puzzle", group_id="mine"), reverse_row("jumps")]
-    with RolloutClient(stack, agent="reverse_text_agent", max_attempts=1) as client:
+    with RolloutClient(scripted_agents, agent="reverse_text_agent", max_attempts=1) as client:
         groups = client.run_sync(rows, repeats=3, concurrency=4)
     assert [len(group) for group in groups] == [3, 3, 3]
     for row, group in zip(rows, groups):
@@ -167,9 +134,9 @@ def test_groups_follow_input_order_with_stamped_ids(stack) -> None:
     assert groups[0][0]["group_id"].startswith("T000000-") and groups[2][0]["group_id"].startswith("T000002-")
 
 
-def test_rows_route_by_agent_ref_and_repeats_per_row(stack, tmp_path: Path) -> None:
+def test_rows_route_by_agent_ref_and_repeats_per_row(scripted_agents, tmp_path: Path) -> None:
     registry_file = tmp_path / "registry.json"
-    registry_file.write_text(json.dumps({name: address.to_json() for name, address in stack.items()}))
+    registry_file.write_text(json.dumps({name: address.to_json() for name, address in scripted_agents.items()}))
     rows = [weather_row("Paris", ["sunny", "22"]), reverse_row("cat"), weather_row("Oslo", ["sunny"])]
     client = RolloutClient(str(registry_file), agent="reverse_text_agent", params={"temperature": 0.5})
     try:
@@ -182,8 +149,8 @@ def test_rows_route_by_agent_ref_and_repeats_per_row(stack, tmp_path: Path) -> N
     assert [rollout["reward"] for rollout in groups[2]] == [0.0, 0.0, 0.0]  # a real 0.0: Oslo is snowy
 
 
-async def test_await_run_from_async_code(stack) -> None:
-    async with RolloutClient(stack["reverse_text_agent"].url) as client:
+async def test_await_run_from_async_code(scripted_agents) -> None:
+    async with RolloutClient(scripted_agents["reverse_text_agent"].url) as client:
         groups, more = await asyncio.gather(client.run([reverse_row("ab")], repeats=2),
                                             client.run([reverse_row("cd"), reverse_row("ef")]))
         assert [r["reward"] for r in groups[0]] == [1.0, 1.0]
@@ -192,8 +159,8 @@ async def test_await_run_from_async_code(stack) -> None:
         assert client.run_sync([reverse_row("gh")])[0][0]["reward"] == 1.0
 
 
-def test_run_sync_repeatedly_and_after_close(stack) -> None:
-    client = RolloutClient(stack["reverse_text_agent"].url)
+def test_run_sync_repeatedly_and_after_close(scripted_agents) -> None:
+    client = RolloutClient(scripted_agents["reverse_text_agent"].url)
     for word in ("one", "two", "three"):
         assert client.run_sync([reverse_row(word)])[0][0]["text"] == word
     client.close()
@@ -202,8 +169,8 @@ def test_run_sync_repeatedly_and_after_close(stack) -> None:
     client.close()  # idempotent
 
 
-def test_run_sync_from_many_threads_at_once(stack) -> None:
-    with RolloutClient(stack["reverse_text_agent"].url) as client:
+def test_run_sync_from_many_threads_at_once(scripted_agents) -> None:
+    with RolloutClient(scripted_agents["reverse_text_agent"].url) as client:
         results: dict[int, Any] = {}
 
         def work(index: int) -> None:
@@ -311,10 +278,10 @@ def test_bad_rows_are_refused_before_anything_is_sent() -> None:
     assert not agent.calls
 
 
-def test_registry_needs_an_agent_when_it_has_several(stack) -> None:
+def test_registry_needs_an_agent_when_it_has_several(scripted_agents) -> None:
     with pytest.raises(ValueError, match="not in the registry"):
-        RolloutClient(stack, agent="nobody")
-    with RolloutClient(stack) as client:  # two agents: rows must name theirs
+        RolloutClient(scripted_agents, agent="nobody")
+    with RolloutClient(scripted_agents) as client:  # two agents: rows must name theirs
         with pytest.raises(ValueError, match=r"rows\[0\] names no agent .* pass agent="):
             client.run_sync([reverse_row("a")])
         groups = client.run_sync([reverse_row("a", agent_ref={"type": "agents", "name": "reverse_text_agent"})])

@@ -19,20 +19,15 @@ import math
 import os
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
-from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
-from resources_servers.reverse_text.app import ReverseTextServer
-from resources_servers.weather.app import WeatherServer
 from rollgym import RolloutClient
 from rollgym.client import ServerAddress
-from rollgym.testing import REPO_ROOT, scripted_backend, serve_in_thread
+from rollgym.testing import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "scripts" / "integrations"))
 import trl_grpo as G  # noqa: E402
@@ -54,31 +49,6 @@ def weather_row(city: str, expected: list[str]) -> dict[str, Any]:
             "city": city, "expected": expected, "agent_ref": {"type": "agents", "name": "weather_agent"}}
 
 
-def simple_agent(name: str, env: str, model_url: str, env_url: str) -> SimpleAgent:
-    return SimpleAgent(
-        SimpleAgentConfig(model_server={"name": "policy_model"}, resources_server={"name": env}), name=name,
-        registry={"policy_model": ServerAddress(url=model_url, role="models"),
-                  env: ServerAddress(url=env_url, role="resources_servers")},
-    )
-
-
-@pytest.fixture(scope="module")
-def scripted_stack() -> Iterator[dict[str, ServerAddress]]:
-    with ExitStack() as stack:
-        backend = stack.enter_context(scripted_backend("--token-info"))
-        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
-                                     name="policy_model")
-        model_url = stack.enter_context(serve_in_thread(model))
-        reverse_url = stack.enter_context(serve_in_thread(ReverseTextServer(name="reverse_text")))
-        weather_url = stack.enter_context(serve_in_thread(WeatherServer(name="weather")))
-        yield {
-            "reverse_text_agent": ServerAddress(stack.enter_context(serve_in_thread(
-                simple_agent("reverse_text_agent", "reverse_text", model_url, reverse_url))), "agents"),
-            "weather_agent": ServerAddress(stack.enter_context(serve_in_thread(
-                simple_agent("weather_agent", "weather", model_url, weather_url))), "agents"),
-        }
-
-
 def fake_trainer(temperature: float = 1.0, top_p: float = 1.0, max_completion_length: int | None = 64) -> Any:
     return SimpleNamespace(args=SimpleNamespace(temperature=temperature, top_p=top_p,
                                                 max_completion_length=max_completion_length),
@@ -93,9 +63,9 @@ def repeated(prompts: list[Any], times: int) -> list[Any]:
 # ---------------------------------------------------------------------------- rollout_func
 
 
-def test_rollout_func_returns_trl_fields_per_generation(scripted_stack) -> None:
+def test_rollout_func_returns_trl_fields_per_generation(scripted_agents) -> None:
     rows = [reverse_row("bridge"), weather_row("Paris", ["sunny", "22"])]
-    rollouts = G.RollgymRollouts(scripted_stack, rows)
+    rollouts = G.RollgymRollouts(scripted_agents, rows)
     try:
         prompts = [record["prompt"] for record in rollouts.dataset()]  # through Arrow, as TRL gets them
         out = rollouts(repeated(prompts, 2), fake_trainer(temperature=0.9, top_p=0.95, max_completion_length=64))
@@ -120,20 +90,20 @@ def test_rollout_func_returns_trl_fields_per_generation(scripted_stack) -> None:
     assert G.rollgym_reward(prompts, [], rollgym_reward=out["rollgym_reward"]) == out["rollgym_reward"]
 
 
-def test_prompts_must_identify_their_task(scripted_stack) -> None:
+def test_prompts_must_identify_their_task(scripted_agents) -> None:
     same = reverse_row("bridge")
-    rollouts = G.RollgymRollouts(scripted_stack, [same, dict(same)])  # identical rows: one task
+    rollouts = G.RollgymRollouts(scripted_agents, [same, dict(same)])  # identical rows: one task
     assert len(rollouts.prompts) == 1
     with pytest.raises(KeyError, match="no task row has this prompt"):
         rollouts([[{"role": "user", "content": "something else"}]], None)
     rollouts.close()
     with pytest.raises(ValueError, match=r"rows\[1\] has the same prompt .* other task fields"):
-        G.RollgymRollouts(scripted_stack, [reverse_row("bridge"), reverse_row("bridge", graded="bridges")])
+        G.RollgymRollouts(scripted_agents, [reverse_row("bridge"), reverse_row("bridge", graded="bridges")])
     with pytest.raises(ValueError, match="on_unusable"):
-        G.RollgymRollouts(scripted_stack, [same], on_unusable="zero")
+        G.RollgymRollouts(scripted_agents, [same], on_unusable="zero")
 
 
-def test_failed_rollouts_raise_or_are_masked_never_zero(scripted_stack) -> None:
+def test_failed_rollouts_raise_or_are_masked_never_zero(scripted_agents) -> None:
     down = {"reverse_text_agent": ServerAddress("http://127.0.0.1:9", "agents")}  # nothing listens
     rows = [reverse_row("bridge")]
     client = RolloutClient(down, max_attempts=2, retry_backoff_s=0.01, http_retries=0)

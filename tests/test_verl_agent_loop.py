@@ -12,19 +12,13 @@ import asyncio
 import json
 import subprocess
 import sys
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
-from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
-from resources_servers.reverse_text.app import ReverseTextServer
-from resources_servers.weather.app import WeatherServer
 from rollgym import RolloutsFailed
-from rollgym.client import ServerAddress
-from rollgym.testing import REPO_ROOT, scripted_backend, serve_in_thread
+from rollgym.testing import REPO_ROOT
 
 # Imported as verl's workers import it (PYTHONPATH=scripts/integrations): verl ships a top-level
 # `scripts` package, so `scripts.integrations.verl_agent_loop` does not import where verl is installed.
@@ -49,37 +43,15 @@ def weather_row(city: str, expected: list[str]) -> dict[str, Any]:
             "agent_ref": {"type": "agents", "name": "weather_agent"}}
 
 
-def simple_agent(name: str, env: str, model_url: str, env_url: str) -> SimpleAgent:
-    return SimpleAgent(
-        SimpleAgentConfig(model_server={"name": "policy_model"}, resources_server={"name": env}), name=name,
-        registry={"policy_model": ServerAddress(url=model_url, role="models"),
-                  env: ServerAddress(url=env_url, role="resources_servers")},
-    )
-
-
 @pytest.fixture(scope="module")
-def registry_file(tmp_path_factory) -> Iterator[Path]:
-    """A real stack with two agents; yields its registry file (as `rollgym run --registry-file` writes it)."""
-    with ExitStack() as stack:
-        backend = stack.enter_context(scripted_backend("--token-info"))
-        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
-                                     name="policy_model")
-        model_url = stack.enter_context(serve_in_thread(model))
-        reverse_url = stack.enter_context(serve_in_thread(ReverseTextServer(name="reverse_text")))
-        weather_url = stack.enter_context(serve_in_thread(WeatherServer(name="weather")))
-        registry = {
-            "policy_model": ServerAddress(model_url, "models"),
-            "reverse_text_agent": ServerAddress(stack.enter_context(serve_in_thread(
-                simple_agent("reverse_text_agent", "reverse_text", model_url, reverse_url))), "agents"),
-            "weather_agent": ServerAddress(stack.enter_context(serve_in_thread(
-                simple_agent("weather_agent", "weather", model_url, weather_url))), "agents"),
-        }
-        path = tmp_path_factory.mktemp("verl") / "registry.json"
-        path.write_text(json.dumps({name: address.to_json() for name, address in registry.items()}))
-        try:
-            yield path
-        finally:
-            V.close_clients()
+def registry_file(tmp_path_factory, scripted_agents) -> Iterator[Path]:
+    """The shared two-agent stack's registry file (as `rollgym run --registry-file` writes it)."""
+    path = tmp_path_factory.mktemp("verl") / "registry.json"
+    path.write_text(json.dumps({name: address.to_json() for name, address in scripted_agents.items()}))
+    try:
+        yield path
+    finally:
+        V.close_clients()
 
 
 def trainer_config(response_length: int = 512) -> Any:

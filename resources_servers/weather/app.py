@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollgym import ResourcesServer, RunRequest, Verdict, VerifyRequest, tool
+from rollgym import ResourcesServer, RunRequest, Verdict, tool
 from rollgym.text import final_message_text
 
 # A small fixed world so rewards are deterministic.

@@ -1,0 +1,43 @@
+"""Fixtures shared by the tests of services/ and the trainer integrations."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Iterator
+
+import pytest
+
+from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
+from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
+from resources_servers.reverse_text.app import ReverseTextServer
+from resources_servers.weather.app import WeatherServer
+from rollgym.client import ServerAddress
+from rollgym.testing import scripted_backend, serve_in_thread
+
+
+def simple_agent(name: str, env: str, model_url: str, env_url: str) -> SimpleAgent:
+    return SimpleAgent(
+        SimpleAgentConfig(model_server={"name": "policy_model"}, resources_server={"name": env}), name=name,
+        registry={"policy_model": ServerAddress(url=model_url, role="models"),
+                  env: ServerAddress(url=env_url, role="resources_servers")},
+    )
+
+
+@pytest.fixture(scope="module")
+def scripted_agents() -> Iterator[dict[str, ServerAddress]]:
+    """A real in-process stack: the scripted backend (with token ids) behind chat_completions, and
+    two agents, `reverse_text_agent` and `weather_agent`; yields its registry."""
+    with ExitStack() as stack:
+        backend = stack.enter_context(scripted_backend("--token-info"))
+        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
+                                     name="policy_model")
+        model_url = stack.enter_context(serve_in_thread(model))
+        reverse_url = stack.enter_context(serve_in_thread(ReverseTextServer(name="reverse_text")))
+        weather_url = stack.enter_context(serve_in_thread(WeatherServer(name="weather")))
+        yield {
+            "policy_model": ServerAddress(model_url, "models"),
+            "reverse_text_agent": ServerAddress(stack.enter_context(serve_in_thread(
+                simple_agent("reverse_text_agent", "reverse_text", model_url, reverse_url))), "agents"),
+            "weather_agent": ServerAddress(stack.enter_context(serve_in_thread(
+                simple_agent("weather_agent", "weather", model_url, weather_url))), "agents"),
+        }
