@@ -264,7 +264,7 @@ async def drive_aiohttp(agent_url: str, count: int, concurrency: int, meter: Met
 
 
 async def drive_collector(registry: dict, count: int, concurrency: int, meter: Meter, workdir: Path) -> dict[str, Any]:
-    """The real Collector (rollgym.collector) with a client that times each /run."""
+    """The real Collector (rollgym.rollouts.collector) with a client that times each /run."""
     from rollgym import CollectOptions, Collector, ServerClient
 
     class TimedClient(ServerClient):

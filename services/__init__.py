@@ -13,8 +13,8 @@ _EXPORTS = {
     "AgentServer": ".agent",
     "BadRequest": ".server",
     "BaseServer": ".server",
-    "CollectOptions": ".collector",
-    "Collector": ".collector",
+    "CollectOptions": ".rollouts.collector",
+    "Collector": ".rollouts.collector",
     "ConfigError": ".config",
     "FAILURE_STATUSES": ".schema",
     "ModelResponse": ".schema",
@@ -23,10 +23,10 @@ _EXPORTS = {
     "Reply": ".client",
     "ResourcesServer": ".resources",
     "ResourcesServerConfig": ".resources",
-    "RolloutClient": ".rollout_client",
-    "RolloutFailure": ".rollout_client",
-    "RolloutResult": ".rollout_client",
-    "RolloutsFailed": ".rollout_client",
+    "RolloutClient": ".rollouts.rollout_client",
+    "RolloutFailure": ".rollouts.rollout_client",
+    "RolloutResult": ".rollouts.rollout_client",
+    "RolloutsFailed": ".rollouts.rollout_client",
     "ResponsesCreateParams": ".schema",
     "RunRequest": ".schema",
     "RunResponse": ".schema",
@@ -36,7 +36,7 @@ _EXPORTS = {
     "ServerConfig": ".server",
     "ServerRef": ".server",
     "SessionId": ".server",
-    "Stack": ".launcher",
+    "Stack": ".stack.launcher",
     "StackConfig": ".config",
     "Verdict": ".resources",
     "VerifyRequest": ".schema",
@@ -60,12 +60,12 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from .agent import AgentServer
     from .client import Reply, ServerAddress, ServerCallError, ServerClient
-    from .collector import CollectOptions, Collector
+    from .rollouts.collector import CollectOptions, Collector
     from .config import ConfigError, StackConfig, load_stack
-    from .launcher import Stack
+    from .stack.launcher import Stack
     from .model import ModelServer, build_response
     from .resources import ResourcesServer, ResourcesServerConfig, Verdict, tool
-    from .rollout_client import RolloutClient, RolloutFailure, RolloutResult, RolloutsFailed
+    from .rollouts.rollout_client import RolloutClient, RolloutFailure, RolloutResult, RolloutsFailed
     from .schema import (
         FAILURE_STATUSES,
         POLICY_STATUSES,

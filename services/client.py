@@ -20,7 +20,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import aiohttp
 import orjson
@@ -276,8 +276,12 @@ class ServerClient:
         timeout_s: float | None = None,
         max_retries: int | None = None,
         headers: Mapping[str, str] | None = None,
+        retry_statuses: Collection[int] = RETRY_STATUSES,
     ) -> Reply:
         """Send one request, retrying connection errors, 429 and 5xx up to `max_retries` times.
+
+        `retry_statuses=()` retries only a request that could not be delivered (a caller that retries
+        failed answers itself, as the rollout attempts do, so retries do not multiply).
 
         Returns the last Reply (whatever its status) or raises ServerCallError when no answer came.
         `cookies` is read for the Cookie header and updated in place from Set-Cookie.
@@ -316,7 +320,7 @@ class ServerClient:
                 if attempt >= retries:
                     raise ServerCallError(server, path, "connect", f"{type(exc).__name__}: {exc}") from None
             else:
-                if reply.status not in RETRY_STATUSES or attempt >= retries:
+                if reply.status not in retry_statuses or attempt >= retries:
                     return reply
             finally:
                 self._in_flight[base] -= 1

@@ -256,3 +256,14 @@ def format_validation_error(exc: ValidationError, spec: ServerSpec) -> str:
 
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def split_configs(items: list[str]) -> tuple[list[str], list[str]]:
+    """Positional arguments → (config files, key=value overrides)."""
+    files, overrides = [], []
+    for item in items:
+        if "=" in item and not Path(item).exists():
+            overrides.append(item)
+        else:
+            files.append(item)
+    return files, overrides

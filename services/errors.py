@@ -53,3 +53,7 @@ def validation_errors(errors: list[dict[str, Any]], prefix: str = "") -> list[di
             seen.add(item["field"])
             unique.append(item)
     return unique
+
+
+class ServerStartError(Exception):
+    """A server refuses to start with this configuration."""

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .client import Registry, ServerClient
-from .errors import validation_errors
+from .errors import ServerStartError, validation_errors
 from .sessions import SESSION_COOKIE, SessionSigner
 
 logger = logging.getLogger("rollgym.server")
@@ -44,10 +44,6 @@ class ServerRef(BaseModel):
 
     type: str | None = None
     name: str
-
-
-class ServerStartError(Exception):
-    """A server refuses to start with this configuration."""
 
 
 def is_loopback(host: str) -> bool:

@@ -45,7 +45,7 @@ class SimpleAgentConfig(ServerConfig):
     return_sequences: bool = True
 
 
-class RolloutFailure(Exception):
+class RolloutAborted(Exception):
     """An infrastructure failure that ends the rollout without a reward."""
 
     def __init__(self, status: str, error: str) -> None:
@@ -99,7 +99,7 @@ class SimpleAgent(AgentServer):
             verified = await self._env_call(
                 "/verify", {**payload, "response": loop.final_response()}, cookies, loop
             )
-        except RolloutFailure as failure:
+        except RolloutAborted as failure:
             return {
                 **payload, "response": loop.final_response(), "reward": None,
                 "status": failure.status, "error": failure.error, "metrics": loop.metrics(started),
@@ -118,7 +118,7 @@ class SimpleAgent(AgentServer):
         loop = Loop()
         try:
             await self._loop(payload, {}, loop)
-        except RolloutFailure as failure:
+        except RolloutAborted as failure:
             from fastapi import HTTPException
 
             raise HTTPException(504 if failure.status == "timeout" else 502, detail=failure.error) from None
@@ -161,7 +161,7 @@ class SimpleAgent(AgentServer):
                 self.config.model_server.name, "/v1/responses", json=body, timeout_s=self.config.model_timeout_s
             )
         except ServerCallError as exc:
-            raise RolloutFailure("timeout" if exc.kind == "timeout" else "model_error", str(exc)) from None
+            raise RolloutAborted("timeout" if exc.kind == "timeout" else "model_error", str(exc)) from None
         finally:
             loop.model_latency_s += time.perf_counter() - started
         if 400 <= reply.status < 500 and reply.status != 429:
@@ -170,7 +170,7 @@ class SimpleAgent(AgentServer):
             raise BadRequest(f"the model server rejected the request: {reply.error_message()}",
                              field=_error_field(reply), status=reply.status)
         if not reply.ok:
-            raise RolloutFailure("model_error", f"model server answered HTTP {reply.status}: {reply.error_message()}")
+            raise RolloutAborted("model_error", f"model server answered HTTP {reply.status}: {reply.error_message()}")
         response = reply.json()
         loop.turns += 1
         loop.last_response = response
@@ -207,7 +207,7 @@ class SimpleAgent(AgentServer):
                 timeout_s=self.config.tool_timeout_s,
             )
         except ServerCallError as exc:
-            raise RolloutFailure("timeout" if exc.kind == "timeout" else "env_error", str(exc)) from None
+            raise RolloutAborted("timeout" if exc.kind == "timeout" else "env_error", str(exc)) from None
         finally:
             loop.env_latency_s += time.perf_counter() - started
         if not tool and 400 <= reply.status < 500:
@@ -216,7 +216,7 @@ class SimpleAgent(AgentServer):
             raise BadRequest(f"the environment's {path} rejected the task: {reply.error_message()}", field=field,
                              status=reply.status)
         if reply.status >= 500:
-            raise RolloutFailure("env_error", f"resources server {path} answered HTTP {reply.status}: {reply.error_message()}")
+            raise RolloutAborted("env_error", f"resources server {path} answered HTTP {reply.status}: {reply.error_message()}")
         return reply
 
 

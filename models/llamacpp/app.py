@@ -26,7 +26,8 @@ from rollgym.chat_conversion import ConversionError, responses_to_chat_request
 from rollgym.schema import TOKEN_FIELDS
 from rollgym.server import JSONBytesResponse, read_json
 
-from .engine import ContextLengthError, GenerationQueue, GenerationResult, LlamaEngine, bundled_model_path
+from .engine import ContextLengthError, GenerationResult, LlamaEngine, bundled_model_path
+from .generation_queue import GenerationQueue
 
 
 class LlamaCppConfig(ServerConfig):

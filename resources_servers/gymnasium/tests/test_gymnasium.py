@@ -21,7 +21,7 @@ from resources_servers.gymnasium.app import (  # noqa: E402
     parse_action,
 )
 from rollgym.config import load_stack  # noqa: E402
-from rollgym.serve import build_server  # noqa: E402
+from rollgym.stack.serve import build_server  # noqa: E402
 from rollgym.server import BadRequest, ServerStartError  # noqa: E402
 from rollgym.testing import final_response, serve_in_thread  # noqa: E402
 

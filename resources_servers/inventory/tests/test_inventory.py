@@ -24,7 +24,7 @@ from resources_servers.inventory.app import (
 )
 from rollgym import ResourcesServerConfig
 from rollgym.config import load_stack
-from rollgym.serve import build_server
+from rollgym.stack.serve import build_server
 from rollgym.sessions import SQLiteSessionStore
 from rollgym.testing import final_response, serve_in_thread
 

@@ -34,7 +34,7 @@ from resources_servers.llm_judge.app import (
 from rollgym import ModelServer, ResponsesCreateParams, ServerAddress, build_response
 from rollgym.config import load_stack
 from rollgym.schema import RunResponse
-from rollgym.serve import build_server
+from rollgym.stack.serve import build_server
 from rollgym.testing import final_response, free_port, scripted_backend, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ from resources_servers.math.app import (
     run_with_deadline,
 )
 from rollgym.config import load_stack
-from rollgym.serve import build_server
+from rollgym.stack.serve import build_server
 from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]

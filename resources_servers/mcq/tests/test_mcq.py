@@ -10,7 +10,7 @@ import pytest
 
 from resources_servers.mcq.app import McqServer, extract_choice, mcq_reward
 from rollgym.config import load_stack
-from rollgym.serve import build_server
+from rollgym.stack.serve import build_server
 from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]

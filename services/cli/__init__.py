@@ -1,0 +1,47 @@
+"""The `rollgym` command line: one module per command group, argparse only here.
+
+Each group's handlers import what they run when they run, so `rollgym --help` and
+`import rollgym.cli` load no web stack.
+"""
+
+from __future__ import annotations
+
+from .common import STARTED, UsageError  # first: STARTED times the start-up honestly
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+
+from . import collect, data, envkit, stack  # noqa: E402
+
+__all__ = ["STARTED", "UsageError", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollgym", description="Rollouts and rewards for RL of LLM agents.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    stack.register(commands)  # run, serve-one, compose
+    collect.register(commands)  # collect-rollouts
+    envkit.register(commands)  # test, init, check-tokens
+    data.register(commands)  # export, curriculum, prepare-data
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from ..config import ConfigError
+    from ..stack.launcher import LaunchError
+    from ..stack.serve import raise_open_file_limit
+
+    raise_open_file_limit()
+    try:
+        return args.handler(args)
+    except (ConfigError, UsageError) as exc:
+        print(f"rollgym: error: {exc}", file=sys.stderr)
+        return 2
+    except LaunchError as exc:
+        print(f"rollgym: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rollgym: interrupted", file=sys.stderr)
+        return 130

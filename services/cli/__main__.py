@@ -1,0 +1,7 @@
+"""`python -m rollgym.cli ...`, the same as the `rollgym` console script."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""From rollouts to training data: the JSONL reader, exports, curriculum selection, task preparation."""

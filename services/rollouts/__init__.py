@@ -1,0 +1,1 @@
+"""Collecting rollouts: the local collector, the Python RolloutClient, one attempt policy and one writer."""

@@ -1,0 +1,797 @@
+"""Scripted OpenAI-compatible backend: a stand-in for vLLM (or SGLang) in tests and benchmarks.
+
+Run: ``python -m rollgym.testing.backend --host 127.0.0.1 --port 0 --port-file PATH
+[--latency-ms 0] [--fail-rate 0.0] [--hang-rate 0.0] [--seed 0] [--token-info]
+[--shape vllm|sglang] [--drift] [--max-model-len 0] [--weight-version V]``.
+With ``--port 0`` a free port is bound and written to ``--port-file`` once listening.
+In-process use: ``build_app(...)`` returns the aiohttp application.
+
+Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
+``POST /v1/completions`` (token-id or text prompts), ``POST /tokenize``, ``POST /detokenize``
+(SGLang shape: also ``/v1/tokenize`` and ``/v1/detokenize``), and for tests
+``GET /scripted/requests`` (the last 500 request bodies, with their paths) and
+``POST /scripted/clear``.
+
+Script for ``/v1/chat/completions`` (first match wins):
+1. ``tool_choice`` forcing ``{"type":"function","function":{"name":N}}`` -> a call to N
+   (``{"city": CITY}`` for get_weather, else ``{}``). ``"required"`` calls get_weather if
+   offered, else the first tool.
+2. Tools offered incl. ``get_weather``, last message from the user, tool_choice not "none"
+   -> a get_weather call with ``{"city": CITY}`` (CITY parsed from "weather in/for X", default Paris).
+3. Last message is a tool result -> ``The weather in {city}: {tool content}``.
+4. Last user message contains ``Reverse this text:`` -> the text after it, reversed.
+5. Otherwise ``You said: {last user content}``.
+``max_tokens`` (or ``max_completion_tokens``) cuts the reply text to that many
+whitespace-separated words with ``finish_reason: "length"``.
+When a system or user message contains ``Think first`` the toy model also "reasons": it
+generates ``<think>{THOUGHT}</think>`` before its reply; the chat answer carries the thought in
+``message.reasoning`` and ``message.reasoning_content`` (vLLM shape; vLLM >= 0.11 names it
+``reasoning``, earlier versions ``reasoning_content``) or ``message.reasoning_content`` (SGLang shape).
+
+Token info (``--token-info``, or a request with ``"logprobs": true`` or
+``"return_token_ids": true``) mimics vLLM's OpenAI server (>= 0.10.2) shapes:
+- top-level ``prompt_token_ids: [int]`` (vLLM: request ``return_token_ids: true``),
+- ``choices[0].token_ids: [int]`` (the generated ids),
+- ``choices[0].logprobs = {"content": [{"token": "token_id:<id>", "logprob": <float < 0>,
+  "bytes": [...], "top_logprobs": []}, ...]}`` (vLLM: ``return_tokens_as_token_ids: true``).
+Without token info these fields are null, as in vLLM.
+With ``--shape sglang`` the chat answer follows SGLang's OpenAI server instead
+(python/sglang/srt/entrypoints/openai/protocol.py): ``choices[0].prompt_token_ids`` when asked
+with ``return_prompt_token_ids``, ``choices[0].token_ids`` with ``return_token_ids``, logprob
+entries carry the token text (SGLang has no ``return_tokens_as_token_ids``), a request may carry
+``input_ids`` (the prompt as token ids; the messages are then only used for the script), and
+``return_meta_info: true`` adds ``choices[0].meta_info`` (with ``weight_version`` when
+``--weight-version`` is set).
+
+``/v1/completions`` follows vLLM's CompletionResponse: ``prompt`` may be a list of token ids;
+with ``return_token_ids`` the choice carries ``prompt_token_ids`` and ``token_ids``; with
+``logprobs: N`` it carries ``logprobs = {text_offset, token_logprobs, tokens, top_logprobs}``
+(``tokens`` as ``token_id:<id>`` with ``return_tokens_as_token_ids``). The prompt text is parsed
+back into chat messages (the rendering below) to run the same script; the text is the raw
+generation (``<tool_call>...</tool_call>``, ``<think>...</think>`` included), since a
+completions endpoint parses nothing.
+``/tokenize`` takes ``{"prompt": text}`` or ``{"messages", "tools", "add_generation_prompt"
+(default true), "continue_final_message"}`` and answers vLLM's ``{"count", "max_model_len",
+"tokens", "token_strs"}`` (SGLang: ``{"tokens", "count", "max_model_len"}``, and like SGLang it
+always adds the generation prompt unless ``continue_final_message``); ``/detokenize`` takes
+``{"tokens"}`` and answers ``{"prompt": text}`` (SGLang: ``{"text": text}``).
+``--no-token-routes`` leaves out ``/v1/completions``, ``/tokenize`` and ``/detokenize``, like a
+plain OpenAI-compatible server.
+
+Toy tokenizer: every UTF-8 byte b of the text is token id ``b + 3`` (decode:
+``bytes(i - 3 for i in ids)``). The prompt text is a chatml-like rendering:
+``<|im_start|>tools\\n{tools json}<|im_end|>\\n`` (if tools), then per message
+``<|im_start|>{role}\\n{body}<|im_end|>\\n``, then ``<|im_start|>assistant\\n``. An assistant
+body is ``<think>{reasoning}</think>`` (if any), its content, then
+``<tool_call>{name}\\n{arguments}</tool_call>`` per tool call;
+the generated ids are exactly the body of the reply, so a follow-up turn's prompt ids
+extend the previous prompt ids + generated ids. ``usage`` counts these toy tokens (so
+``completion_tokens`` can exceed ``max_tokens``, which counts words).
+``--drift`` makes the tokenizer drift like real BPE re-tokenization: when an assistant message is
+rendered from messages (chat prompts, ``/tokenize``), the byte pairs in ``MERGES`` of its body
+become single tokens (ids ``MERGE_BASE + k``), while generation stays byte-level, so a chat prompt
+no longer extends the previous turn's tokens. Raw text (``/tokenize`` with ``prompt``, generated
+text) is never merged.
+Logprobs are deterministic negative floats computed from (seed, position, token id).
+``--max-model-len N``: a prompt whose tokens plus ``max_tokens`` exceed N gets HTTP 400 with the
+backend's context-length message.
+
+Failure injection uses ``random.Random(seed)``: with probability ``--fail-rate`` a generation
+request (chat or completions) gets 500, 503 or 429 with a JSON error body; with probability
+``--hang-rate`` it sleeps 3600 s (the caller's timeout must fire).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import random
+import re
+import secrets
+import signal
+import sys
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+_CITY_RE = re.compile(r"(?i)weather (?:in|for) ([A-Za-z][A-Za-z .'-]*?)(?:[?.!,]|$)")
+_REVERSE_MARKER = "Reverse this text:"
+_THINK_MARKER = "think first"
+_DEFAULT_CITY = "Paris"
+_FAILURE_STATUSES = (500, 503, 429)
+_FAILURE_TYPES = {500: "server_error", 503: "service_unavailable", 429: "rate_limit_error"}
+_HANG_SECONDS = 3600.0
+_JSON = "application/json"
+
+_HEALTH_BODY = orjson.dumps({"status": "ok"})
+_MODELS_BODY = orjson.dumps(
+    {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "rollgym"}]}
+)
+
+# Byte pairs the --drift tokenizer merges into one token when it re-encodes assistant text.
+MERGES = ("th", "he", "in", "er", "an", "ea", "ou", "ar", "on", "es")
+MERGE_BASE = 259  # ids 3..258 are the 256 bytes
+_MERGE_IDS = {pair.encode(): MERGE_BASE + k for k, pair in enumerate(MERGES)}
+_MERGE_BYTES = {MERGE_BASE + k: pair.encode() for k, pair in enumerate(MERGES)}
+
+# App keys (aiohttp warns on plain string keys).
+_CONFIG = web.AppKey("scripted_config", dict)
+_RNG = web.AppKey("scripted_rng", random.Random)
+_LOG = web.AppKey("scripted_log", collections.deque)
+
+
+def _json_response(payload: Any, status: int = 200) -> web.Response:
+    """Payload -> orjson-encoded JSON response."""
+    return web.Response(body=orjson.dumps(payload), status=status, content_type=_JSON)
+
+
+def _error(status: int, message: str, err_type: str) -> web.Response:
+    """OpenAI-style error body with the given HTTP status."""
+    return _json_response({"error": {"message": message, "type": err_type, "param": None, "code": status}}, status)
+
+
+def _text_of(content: Any) -> str:
+    """Chat message content (str, list of text parts or None) -> string."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def _city_from(text: str) -> str:
+    """User text -> city named after 'weather in/for', else the default city."""
+    match = _CITY_RE.search(text)
+    return match.group(1).strip() if match else _DEFAULT_CITY
+
+
+def _assistant_body(content: str | None, tool_calls: list[dict[str, Any]] | None, reasoning: str | None = None) -> str:
+    """Assistant turn -> the text the toy model 'generates' for it (thought + content + tool calls)."""
+    body = f"<think>{reasoning}</think>" if reasoning else ""
+    body += content or ""
+    for tc in tool_calls or ():
+        fn = tc.get("function") or {}
+        args = fn.get("arguments")
+        if not isinstance(args, str):
+            args = orjson.dumps(args).decode() if args is not None else "{}"
+        body += f"<tool_call>{fn.get('name', '')}\n{args}</tool_call>"
+    return body
+
+
+def _message_reasoning(msg: dict[str, Any]) -> str | None:
+    return msg.get("reasoning_content") or msg.get("reasoning") or None
+
+
+def render_segments(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> list[tuple[str, bool]]:
+    """Chat messages + tools -> [(text, is_assistant_body)] of the chatml-like prompt."""
+    parts: list[tuple[str, bool]] = []
+    if tools:
+        parts.append((f"<|im_start|>tools\n{orjson.dumps(tools).decode()}<|im_end|>\n", False))
+    for index, msg in enumerate(messages):
+        role = msg.get("role", "user")
+        if role == "assistant":
+            body = _assistant_body(_text_of(msg.get("content")), msg.get("tool_calls"), _message_reasoning(msg))
+            parts.append(("<|im_start|>assistant\n", False))
+            parts.append((body, True))
+            if continue_final_message and index == len(messages) - 1:
+                return parts
+            parts.append(("<|im_end|>\n", False))
+        else:
+            parts.append((f"<|im_start|>{role}\n{_text_of(msg.get('content'))}<|im_end|>\n", False))
+    if add_generation_prompt:
+        parts.append(("<|im_start|>assistant\n", False))
+    return parts
+
+
+def render_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    """Chat messages + tools -> chatml-like prompt text ending with the assistant header."""
+    return "".join(text for text, _ in render_segments(messages, tools))
+
+
+def tokenize(text: str) -> list[int]:
+    """Text -> toy token ids (UTF-8 byte + 3)."""
+    return [b + 3 for b in text.encode()]
+
+
+def encode(text: str, *, merge: bool = False) -> list[int]:
+    """Text -> toy ids; with ``merge`` the byte pairs of MERGES become single tokens (left to right)."""
+    data = text.encode()
+    if not merge:
+        return [b + 3 for b in data]
+    ids: list[int] = []
+    i = 0
+    while i < len(data):
+        pair = _MERGE_IDS.get(data[i : i + 2])
+        if pair is not None:
+            ids.append(pair)
+            i += 2
+        else:
+            ids.append(data[i] + 3)
+            i += 1
+    return ids
+
+
+def token_bytes(token_id: int) -> bytes:
+    """One toy token -> its bytes."""
+    if token_id in _MERGE_BYTES:
+        return _MERGE_BYTES[token_id]
+    if 3 <= token_id < MERGE_BASE:
+        return bytes([token_id - 3])
+    return b""
+
+
+def decode(ids: list[int]) -> str:
+    """Toy ids (bytes or merged pairs) -> text."""
+    return b"".join(token_bytes(int(i)) for i in ids).decode("utf-8", errors="replace")
+
+
+def prompt_token_ids(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    drift: bool = False,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+) -> list[int]:
+    """The toy prompt ids of a conversation; with ``drift`` assistant bodies are re-encoded with merges."""
+    ids: list[int] = []
+    for text, is_body in render_segments(
+        messages, tools, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+    ):
+        ids.extend(encode(text, merge=drift and is_body))
+    return ids
+
+
+_TURN_RE = re.compile(r"<\|im_start\|>([a-z_]+)\n(.*?)<\|im_end\|>\n", re.DOTALL)
+_TOOL_CALL_RE = re.compile(r"<tool_call>([^\n<]*)\n(.*?)</tool_call>", re.DOTALL)
+_THINK_RE = re.compile(r"^<think>(.*?)</think>", re.DOTALL)
+
+
+def parse_prompt(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Prompt text in the rendering above -> (chat messages, tools): what a completions prompt says."""
+    messages: list[dict[str, Any]] = []
+    tools: list[dict[str, Any]] | None = None
+    calls = 0
+    for match in _TURN_RE.finditer(text):
+        role, body = match.group(1), match.group(2)
+        if role == "tools":
+            try:
+                tools = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                tools = None
+            continue
+        if role != "assistant":
+            messages.append({"role": role, "content": body})
+            continue
+        message: dict[str, Any] = {"role": "assistant"}
+        think = _THINK_RE.match(body)
+        if think:
+            message["reasoning_content"] = think.group(1)
+            body = body[think.end():]
+        tool_calls = []
+        for call in _TOOL_CALL_RE.finditer(body):
+            calls += 1
+            tool_calls.append({"id": f"call_{calls}", "type": "function",
+                               "function": {"name": call.group(1), "arguments": call.group(2)}})
+        message["content"] = _TOOL_CALL_RE.sub("", body) or None
+        message["tool_calls"] = tool_calls
+        messages.append(message)
+    return messages, tools
+
+
+def _logprob(seed: int, position: int, token_id: int) -> float:
+    """Deterministic toy logprob in [-5.0, -0.0005] from seed, position and token id."""
+    h = (token_id * 2654435761 + position * 40503 + seed * 97 + 12345) % 10000
+    return -(h + 1) / 2000.0
+
+
+def _tool_names(tools: list[dict[str, Any]]) -> list[str]:
+    """Chat tools -> offered function names."""
+    names = []
+    for tool in tools:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and fn.get("name"):
+            names.append(fn["name"])
+    return names
+
+
+def _tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Function name + arguments -> chat tool call dict."""
+    return {
+        "id": f"call_{secrets.token_hex(12)}",
+        "type": "function",
+        "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
+    }
+
+
+def _city_for_tool_result(messages: list[dict[str, Any]]) -> str:
+    """Messages ending with a tool message -> city from the matching assistant tool call."""
+    call_id = messages[-1].get("tool_call_id")
+    fallback: str | None = None
+    for msg in reversed(messages[:-1]):
+        if msg.get("role") != "assistant" or not msg.get("tool_calls"):
+            continue
+        for tc in msg["tool_calls"]:
+            try:
+                args = orjson.loads((tc.get("function") or {}).get("arguments") or "{}")
+            except orjson.JSONDecodeError:
+                continue
+            city = args.get("city") if isinstance(args, dict) else None
+            if not city:
+                continue
+            if tc.get("id") == call_id:
+                return str(city)
+            fallback = fallback or str(city)
+        if fallback:
+            return fallback
+    return fallback or _DEFAULT_CITY
+
+
+def script_reply(req: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]], str]:
+    """Chat request dict -> (content, tool_calls, finish_reason) according to the script."""
+    messages: list[dict[str, Any]] = req.get("messages") or []
+    tools = req.get("tools") or []
+    names = _tool_names(tools)
+    last = messages[-1] if messages else {}
+    last_user = ""
+    for msg in reversed(messages):
+        if msg.get("role") == "user":
+            last_user = _text_of(msg.get("content"))
+            break
+
+    tool_choice = req.get("tool_choice")
+    forced: str | None = None
+    if isinstance(tool_choice, dict):
+        forced = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    elif tool_choice == "required" and names:
+        forced = "get_weather" if "get_weather" in names else names[0]
+    if forced:
+        args = {"city": _city_from(last_user)} if forced == "get_weather" else {}
+        return None, [_tool_call(forced, args)], "tool_calls"
+
+    if tool_choice != "none" and "get_weather" in names and last.get("role") == "user":
+        return None, [_tool_call("get_weather", {"city": _city_from(last_user)})], "tool_calls"
+
+    if last.get("role") == "tool":
+        text = f"The weather in {_city_for_tool_result(messages)}: {_text_of(last.get('content'))}"
+    elif (idx := last_user.find(_REVERSE_MARKER)) != -1:
+        text = last_user[idx + len(_REVERSE_MARKER) :].strip()[::-1]
+    else:
+        text = f"You said: {last_user}"
+
+    finish = "stop"
+    max_tokens = req.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = req.get("max_completion_tokens")
+    if isinstance(max_tokens, int):
+        words = text.split()
+        if len(words) > max_tokens:
+            text = " ".join(words[: max(max_tokens, 0)])
+            finish = "length"
+    return text, [], finish
+
+
+def script_thought(messages: list[dict[str, Any]]) -> str | None:
+    """The toy model's reasoning: only when a system or user message says 'Think first'."""
+    asked = any(
+        msg.get("role") in ("system", "developer", "user") and _THINK_MARKER in _text_of(msg.get("content")).lower()
+        for msg in messages
+    )
+    if not asked:
+        return None
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return "The tool answered; now I can reply."
+    return "The user needs an answer; let me work it out."
+
+
+def _context_error(cfg: dict[str, Any], prompt_len: int, max_tokens: Any) -> web.Response | None:
+    """A context-length 400 in the backend's words, or None when the request fits."""
+    limit = cfg["max_model_len"]
+    requested = prompt_len + (max_tokens if isinstance(max_tokens, int) else 0)
+    if not limit or requested <= limit:
+        return None
+    if cfg["shape"] == "sglang":
+        message = (f"The input ({prompt_len} tokens) is longer than the model's context length ({limit} tokens).")
+        return _json_response({"object": "error", "message": message, "type": "BadRequestError",
+                               "param": None, "code": 400}, 400)
+    message = (f"This model's maximum context length is {limit} tokens. However, you requested {requested} tokens "
+               f"({prompt_len} in the messages, {requested - prompt_len} in the completion). Please reduce the "
+               "length of the messages or completion.")
+    return _error(400, message, "BadRequestError")
+
+
+def _chat_logprob_entries(gen_ids: list[int], seed: int, as_ids: bool) -> list[dict[str, Any]]:
+    entries = []
+    for pos, tid in enumerate(gen_ids):
+        raw = token_bytes(tid)
+        entries.append({
+            "token": f"token_id:{tid}" if as_ids else raw.decode("utf-8", errors="replace"),
+            "logprob": _logprob(seed, pos, tid),
+            "bytes": list(raw),
+            "top_logprobs": [],
+        })
+    return entries
+
+
+def build_completion(
+    req: dict[str, Any], *, token_info: bool, seed: int, shape: str = "vllm", drift: bool = False,
+    weight_version: str | None = None, prompt_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    """Chat request dict -> vLLM-shaped (or SGLang-shaped) ChatCompletion dict.
+
+    ``prompt_ids`` (SGLang's ``input_ids``) replaces the rendered prompt; the script then reads
+    the conversation from those tokens, as a model would.
+    """
+    if prompt_ids is None:
+        prompt_ids = prompt_token_ids(req.get("messages") or [], req.get("tools"), drift=drift)
+        script_req = req
+    else:
+        messages, tools = parse_prompt(decode(prompt_ids))
+        script_req = {**req, "messages": messages, "tools": tools}
+    content, tool_calls, finish = script_reply(script_req)
+    thought = script_thought(script_req.get("messages") or [])
+    gen_ids = tokenize(_assistant_body(content, tool_calls, thought))
+    n_prompt, n_gen = len(prompt_ids), len(gen_ids)
+
+    if shape == "sglang":
+        message = {"role": "assistant", "content": content, "reasoning_content": thought,
+                   "tool_calls": tool_calls or None}
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                                  "matched_stop": None}
+        if token_info or req.get("logprobs"):
+            choice["logprobs"] = {"content": _chat_logprob_entries(gen_ids, seed, as_ids=False)}
+        if token_info or req.get("return_prompt_token_ids"):
+            choice["prompt_token_ids"] = prompt_ids
+        if token_info or req.get("return_token_ids"):
+            choice["token_ids"] = gen_ids
+        if req.get("return_meta_info"):
+            choice["meta_info"] = {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
+                                   **({"weight_version": weight_version} if weight_version else {})}
+        return {
+            "id": secrets.token_hex(16),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.get("model") or "scripted",
+            "choices": [choice],
+            "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+        }
+
+    want_tokens = token_info or bool(req.get("logprobs")) or bool(req.get("return_token_ids"))
+    logprobs = {"content": _chat_logprob_entries(gen_ids, seed, as_ids=True)} if want_tokens else None
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(16)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.get("model") or "scripted",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": content,
+                    "tool_calls": tool_calls,
+                    "reasoning_content": thought,
+                    "reasoning": thought,
+                },
+                "logprobs": logprobs,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "token_ids": gen_ids if want_tokens else None,
+            }
+        ],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+        "prompt_token_ids": prompt_ids if want_tokens else None,
+        "prompt_logprobs": None,
+        "system_fingerprint": None,
+    }
+
+
+def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: int, shape: str) -> dict[str, Any]:
+    """A /v1/completions request whose prompt is ``prompt_ids`` -> vLLM's CompletionResponse dict."""
+    messages, tools = parse_prompt(decode(prompt_ids))
+    max_tokens = req.get("max_tokens", 16)  # vLLM's default for completions
+    content, tool_calls, finish = script_reply({"messages": messages, "tools": tools, "max_tokens": max_tokens})
+    if finish == "tool_calls":
+        finish = "stop"  # a completions endpoint parses nothing
+    text = _assistant_body(content, tool_calls, script_thought(messages))
+    gen_ids = tokenize(text)
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if shape != "sglang":
+        choice.update(stop_reason=None, prompt_logprobs=None, token_ids=None, prompt_token_ids=None)
+    n_logprobs = req.get("logprobs")
+    if isinstance(n_logprobs, int) and not isinstance(n_logprobs, bool):
+        as_ids = bool(req.get("return_tokens_as_token_ids")) and shape != "sglang"
+        tokens, lps, offsets, tops = [], [], [], []
+        offset = 0
+        for pos, tid in enumerate(gen_ids):
+            piece = token_bytes(tid).decode("utf-8", errors="replace")
+            name = f"token_id:{tid}" if as_ids else piece
+            lp = _logprob(seed, pos, tid)
+            tokens.append(name)
+            lps.append(lp)
+            offsets.append(offset)
+            tops.append({name: lp})
+            offset += len(piece)
+        choice["logprobs"] = {"text_offset": offsets, "token_logprobs": lps, "tokens": tokens, "top_logprobs": tops}
+    if req.get("return_token_ids"):
+        choice["token_ids"] = gen_ids
+        choice["prompt_token_ids"] = list(prompt_ids)
+    n_prompt, n_gen = len(prompt_ids), len(gen_ids)
+    return {
+        "id": f"cmpl-{secrets.token_hex(16)}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": req.get("model") or "scripted",
+        "choices": [choice],
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+    }
+
+
+async def _health(_: web.Request) -> web.Response:
+    return web.Response(body=_HEALTH_BODY, content_type=_JSON)
+
+
+async def _models(_: web.Request) -> web.Response:
+    return web.Response(body=_MODELS_BODY, content_type=_JSON)
+
+
+async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
+    """The JSON body (logged for tests), or an error response."""
+    try:
+        req = orjson.loads(await request.read())
+    except orjson.JSONDecodeError as exc:
+        return None, _error(400, f"malformed JSON body: {exc}", "invalid_request_error")
+    request.app[_LOG].append({"path": request.path, "body": req})
+    return req, None
+
+
+async def _inject(app: web.Application) -> web.Response | None:
+    """Latency, then the scripted failures: an error response, a hang, or None to go on."""
+    cfg = app[_CONFIG]
+    rng = app[_RNG]
+    if cfg["latency_s"] > 0:
+        await asyncio.sleep(cfg["latency_s"])
+    # Draw both numbers every time so the failure pattern depends only on seed and request order.
+    fail_draw, hang_draw = rng.random(), rng.random()
+    if fail_draw < cfg["fail_rate"]:
+        status = rng.choice(_FAILURE_STATUSES)
+        return _error(status, f"scripted failure ({status})", _FAILURE_TYPES[status])
+    if hang_draw < cfg["hang_rate"]:
+        await asyncio.sleep(_HANG_SECONDS)
+    return None
+
+
+def _token_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+        return value
+    return None
+
+
+async def _chat_completions(request: web.Request) -> web.Response:
+    """POST /v1/chat/completions: latency, failure injection, then the scripted reply."""
+    cfg = request.app[_CONFIG]
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    if not isinstance(req, dict) or not isinstance(req.get("messages"), list):
+        return _error(400, "body must be a JSON object with a 'messages' list", "invalid_request_error")
+    if not all(isinstance(message, dict) for message in req["messages"]):
+        return _error(400, "each message must be a JSON object", "invalid_request_error")
+    input_ids = None
+    if cfg["shape"] == "sglang" and req.get("input_ids") is not None:
+        input_ids = _token_list(req["input_ids"])
+        if input_ids is None:
+            return _error(400, "input_ids must be a list of token ids", "invalid_request_error")
+
+    failure = await _inject(request.app)
+    if failure is not None:
+        return failure
+    prompt_len = len(input_ids) if input_ids is not None else len(
+        prompt_token_ids(req["messages"], req.get("tools"), drift=cfg["drift"]))
+    too_long = _context_error(cfg, prompt_len, req.get("max_tokens", req.get("max_completion_tokens")))
+    if too_long is not None:
+        return too_long
+    return _json_response(build_completion(
+        req, token_info=cfg["token_info"], seed=cfg["seed"], shape=cfg["shape"], drift=cfg["drift"],
+        weight_version=cfg["weight_version"], prompt_ids=input_ids,
+    ))
+
+
+async def _completions(request: web.Request) -> web.Response:
+    """POST /v1/completions: a text or token-id prompt, the scripted generation as raw text."""
+    cfg = request.app[_CONFIG]
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    if not isinstance(req, dict):
+        return _error(400, "body must be a JSON object", "invalid_request_error")
+    prompt = req.get("prompt")
+    if isinstance(prompt, str) and prompt:
+        prompt_ids = encode(prompt)
+    else:
+        prompt_ids = _token_list(prompt)
+        if not prompt_ids:
+            return _error(400, "Either prompt or prompt_embeds must be provided and non-empty.", "BadRequestError")
+    failure = await _inject(request.app)
+    if failure is not None:
+        return failure
+    too_long = _context_error(cfg, len(prompt_ids), req.get("max_tokens", 16))
+    if too_long is not None:
+        return too_long
+    return _json_response(build_text_completion(req, prompt_ids, seed=cfg["seed"], shape=cfg["shape"]))
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    """POST /tokenize: text or a chat conversation -> toy ids (drifting like the chat prompt)."""
+    cfg = request.app[_CONFIG]
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    if not isinstance(req, dict) or (req.get("prompt") is None) == (req.get("messages") is None):
+        return _error(400, "exactly one of 'prompt' or 'messages' must be given", "BadRequestError")
+    if req.get("messages") is not None:
+        if not isinstance(req["messages"], list):
+            return _error(400, "messages must be a list", "BadRequestError")
+        continue_final = bool(req.get("continue_final_message"))
+        if cfg["shape"] == "sglang":
+            add_generation_prompt = not continue_final  # SGLang renders like a chat request
+        else:
+            add_generation_prompt = bool(req.get("add_generation_prompt", True))
+        ids = prompt_token_ids(req["messages"], req.get("tools"), drift=cfg["drift"],
+                               add_generation_prompt=add_generation_prompt, continue_final_message=continue_final)
+    else:
+        if not isinstance(req["prompt"], str):
+            return _error(400, "prompt must be a string", "BadRequestError")
+        ids = encode(req["prompt"])
+    limit = cfg["max_model_len"] or 32768
+    if cfg["shape"] == "sglang":
+        return _json_response({"tokens": ids, "count": len(ids), "max_model_len": limit})
+    return _json_response({"count": len(ids), "max_model_len": limit, "tokens": ids, "token_strs": None})
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    """POST /detokenize: toy ids -> text."""
+    cfg = request.app[_CONFIG]
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    tokens = _token_list(req.get("tokens")) if isinstance(req, dict) else None
+    if tokens is None:
+        return _error(400, "tokens must be a list of token ids", "BadRequestError")
+    text = decode(tokens)
+    return _json_response({"text": text} if cfg["shape"] == "sglang" else {"prompt": text})
+
+
+async def _requests_log(request: web.Request) -> web.Response:
+    return _json_response({"requests": list(request.app[_LOG])})
+
+
+async def _clear_log(request: web.Request) -> web.Response:
+    request.app[_LOG].clear()
+    return _json_response({"cleared": True})
+
+
+def build_app(
+    latency_ms: float = 0.0,
+    fail_rate: float = 0.0,
+    hang_rate: float = 0.0,
+    seed: int = 0,
+    token_info: bool = False,
+    *,
+    shape: str = "vllm",
+    drift: bool = False,
+    max_model_len: int = 0,
+    weight_version: str | None = None,
+    token_routes: bool = True,
+) -> web.Application:
+    """Backend settings -> aiohttp Application serving the scripted routes."""
+    if shape not in ("vllm", "sglang"):
+        raise ValueError(f"shape must be 'vllm' or 'sglang', not {shape!r}")
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[_CONFIG] = {
+        "latency_s": latency_ms / 1000.0,
+        "fail_rate": fail_rate,
+        "hang_rate": hang_rate,
+        "seed": seed,
+        "token_info": token_info,
+        "shape": shape,
+        "drift": drift,
+        "max_model_len": max_model_len,
+        "weight_version": weight_version,
+    }
+    app[_RNG] = random.Random(seed)
+    app[_LOG] = collections.deque(maxlen=500)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    if not token_routes:  # a plain OpenAI-compatible server (OpenAI, llama.cpp server, older SGLang)
+        app.router.add_get("/scripted/requests", _requests_log)
+        app.router.add_post("/scripted/clear", _clear_log)
+        return app
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
+    if shape == "sglang":
+        app.router.add_post("/v1/tokenize", _tokenize)
+        app.router.add_post("/v1/detokenize", _detokenize)
+    app.router.add_get("/scripted/requests", _requests_log)
+    app.router.add_post("/scripted/clear", _clear_log)
+    return app
+
+
+def _write_port_file(path: str, port: int) -> None:
+    """Write the port atomically so a poller never reads a partial file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        fh.write(f"{port}\n")
+    os.replace(tmp, path)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    """Start the server, announce the port, run until SIGINT/SIGTERM."""
+    app = build_app(args.latency_ms, args.fail_rate, args.hang_rate, args.seed, args.token_info,
+                    shape=args.shape, drift=args.drift, max_model_len=args.max_model_len,
+                    weight_version=args.weight_version, token_routes=not args.no_token_routes)
+    # access_log=None: no per-request logging on a benchmark path; handler_cancellation
+    # frees hung handlers once the client gives up.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, backlog=4096, shutdown_timeout=1.0)
+    await site.start()
+    port = runner.addresses[0][1]
+    if args.port_file:
+        _write_port_file(args.port_file, port)
+    print(f"scripted backend listening on http://{args.host}:{port}", flush=True)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse CLI args and serve forever."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port-file", default=None, help="file to write the bound port to once listening")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--fail-rate", type=float, default=0.0)
+    parser.add_argument("--hang-rate", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--token-info", action="store_true", help="always return token ids and logprobs")
+    parser.add_argument("--shape", choices=("vllm", "sglang"), default="vllm", help="whose response shapes to mimic")
+    parser.add_argument("--drift", action="store_true",
+                        help="re-encode assistant text with merged byte pairs when rendering chat prompts")
+    parser.add_argument("--max-model-len", type=int, default=0, help="context length; 0 = unlimited")
+    parser.add_argument("--weight-version", default=None, help="reported in SGLang-shaped meta_info")
+    parser.add_argument("--no-token-routes", action="store_true",
+                        help="serve no /v1/completions, /tokenize, /detokenize (a plain chat backend)")
+    args = parser.parse_args(argv)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(args))
+    else:
+        uvloop.run(_serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

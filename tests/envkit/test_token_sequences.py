@@ -1,0 +1,143 @@
+"""Unit tests of the token arithmetic: merging a rollout into trainer sequences (rollgym.sequences), the
+next prompt that extends the previous tokens (extend_tokens), and check-tokens' verdicts and report."""
+
+from __future__ import annotations
+
+from rollgym.schema import Sequence
+from rollgym.sequences import extend_tokens, merge_sequences, token_record
+from rollgym.envkit.token_check import Divergence, Report, RolloutReport, TurnReport, format_report, prepare_task
+
+# A chatml-like vocabulary for extend_tokens: special tokens are single ids.
+IM_START, IM_END, NL, ASSISTANT, USER, TOOL = 1, 2, 3, 4, 5, 6
+
+
+def item(prompt: list[int], generation: list[int], version: str | None = None) -> dict:
+    record = {"type": "message", "prompt_token_ids": prompt, "generation_token_ids": generation,
+              "generation_log_probs": [-0.5] * len(generation)}
+    if version is not None:
+        record["model_version"] = version
+    return record
+
+
+def test_turns_that_extend_merge_into_one_sequence_with_versions() -> None:
+    items = [item([1, 2], [3, 4], "v1"), {"type": "function_call_output", "call_id": "c", "output": "x"},
+             item([1, 2, 3, 4, 9, 9], [5], "v2")]
+    sequences, prefix_ok = merge_sequences(items)
+    assert prefix_ok is True
+    assert sequences == [{"prompt_ids": [1, 2], "completion_ids": [3, 4, 9, 9, 5], "completion_mask": [1, 1, 0, 0, 1],
+                          "completion_logprobs": [-0.5, -0.5, 0.0, 0.0, -0.5], "model_versions": ["v1", "v2"]}]
+    Sequence.model_validate(sequences[0])
+
+
+def test_drift_starts_a_new_sequence() -> None:
+    sequences, prefix_ok = merge_sequences([item([1, 2], [3, 4]), item([1, 2, 7, 9], [5])])
+    assert prefix_ok is False
+    assert [s["prompt_ids"] for s in sequences] == [[1, 2], [1, 2, 7, 9]]
+    assert "model_versions" not in sequences[0]  # only when a call reported one
+
+
+def test_malformed_records_are_skipped_never_a_crash() -> None:
+    bad = [
+        {"prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": None},
+        {"prompt_token_ids": [1], "generation_token_ids": [2, 3], "generation_log_probs": [-1.0]},
+        {"prompt_token_ids": "1", "generation_token_ids": [2], "generation_log_probs": [-1.0]},
+        {"prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": ["x"]},
+        "not an item", None,
+    ]
+    assert all(token_record(entry) is None for entry in bad)
+    assert merge_sequences(bad) == ([], None)
+    sequences, prefix_ok = merge_sequences([*bad, item([1], [2])])
+    assert prefix_ok is True and len(sequences) == 1
+
+
+def turn(*body: int) -> list[int]:
+    return [IM_START, ASSISTANT, NL, *body, IM_END, NL]
+
+
+USER_TURN = [IM_START, USER, NL, 10, IM_END, NL]
+BASE = [*USER_TURN, IM_START, ASSISTANT, NL]  # the conversation before the turn + the generation prompt
+AFTER = [IM_START, TOOL, NL, 30, IM_END, NL, IM_START, ASSISTANT, NL]  # a tool result, then the next turn
+
+
+def test_extend_when_the_model_closed_its_turn() -> None:
+    # Real chat models generate the end-of-turn token; the template adds "\n" after it.
+    generation = [20, 21, IM_END]
+    head = [*USER_TURN, *turn(20, 21)]
+    assert extend_tokens(BASE, generation, head, [*head, *AFTER], base=BASE) == [*BASE, *generation, NL, *AFTER]
+
+
+def test_extend_when_the_template_closes_the_turn() -> None:
+    # A generation without the end-of-turn token (a stop string, or the toy backend): the glue is added.
+    generation = [20, 21]
+    head = [*USER_TURN, *turn(20, 21)]
+    assert extend_tokens(BASE, generation, head, [*head, *AFTER], base=BASE) == [*BASE, 20, 21, IM_END, NL, *AFTER]
+
+
+def test_extend_keeps_sampled_tokens_when_the_history_retokenizes_differently() -> None:
+    # The template re-tokenizes the generated text (99 merges 20 21); the sampled ids stay as sampled.
+    generation = [20, 21, 22, 23, IM_END]
+    head = [*USER_TURN, *turn(99, 22, 23)]
+    assert extend_tokens(BASE, generation, head, [*head, *AFTER], base=BASE) == [*BASE, *generation, NL, *AFTER]
+
+
+def test_extend_with_a_head_rendered_with_a_generation_prompt() -> None:
+    # SGLang's /tokenize always appends the generation prompt: only what head and full share counts.
+    generation = [20, IM_END]
+    head = [*USER_TURN, *turn(20), IM_START, ASSISTANT, NL]
+    full = [*USER_TURN, *turn(20), *AFTER]
+    assert extend_tokens(BASE, generation, head, full, base=BASE) == [*BASE, *generation, NL, *AFTER]
+
+
+def test_no_extension_when_the_template_rewrote_history() -> None:
+    # Qwen3-style: once a new user message comes, the template drops the turn's thinking block, so
+    # head and full part inside the turn. Aligning on an earlier end-of-turn token would duplicate
+    # the turn: there is no cut, the caller renders afresh (and prefix_ok shows it).
+    THINK, END_THINK = 50, 51
+    generation = [THINK, 40, END_THINK, 20, IM_END]
+    head = [*USER_TURN, *turn(THINK, 40, END_THINK, 20)]
+    full = [*USER_TURN, *turn(20), IM_START, USER, NL, 5, IM_END, NL, IM_START, ASSISTANT, NL]
+    assert extend_tokens(BASE, generation, head, full, base=BASE) is None
+    assert extend_tokens(BASE, [], head, head, base=BASE) is None  # nothing generated: nothing to align
+    assert extend_tokens(BASE, [77, 78], [9, 9], [8, 8]) is None  # nothing in common
+    # Without a base render, the turn is assumed to start within `window` tokens of the head's end.
+    assert extend_tokens(BASE, [20, 21, IM_END], [*USER_TURN, *turn(20, 21)], [*USER_TURN, *turn(20, 21), *AFTER],
+                         window=8) == [*BASE, 20, 21, IM_END, NL, *AFTER]
+
+
+def test_prepare_task_forces_the_first_tool() -> None:
+    row = {"responses_create_params": {"input": "hi", "tools": [{"type": "function", "name": "get_weather"}]}}
+    prepared = prepare_task(row, force_tool=True, max_output_tokens=32, index=4)
+    assert prepared["responses_create_params"]["tool_choice"] == {"type": "function", "name": "get_weather"}
+    assert prepared["responses_create_params"]["max_output_tokens"] == 32
+    assert prepared["rollout_id"] == "check-tokens-4" and "tool_choice" not in row["responses_create_params"]
+    kept = prepare_task({"responses_create_params": {**row["responses_create_params"], "tool_choice": "none"}},
+                        force_tool=True, max_output_tokens=None, index=0)
+    assert kept["responses_create_params"]["tool_choice"] == "none"
+
+
+def report_with(turn2: TurnReport, retokenize_same: bool | None) -> Report:
+    rollout = RolloutReport(task=1, status="ok", reward=1.0, prefix_ok=turn2.extends, sequences=1,
+                            turns=[TurnReport(call=1, prompt_tokens=10, generated_tokens=3), turn2],
+                            retokenize="checked", retokenize_same=retokenize_same)
+    return Report(agent="a", model_server="m", input="tasks.jsonl", forced_tool=True, rollouts=[rollout])
+
+
+def test_verdicts_and_report() -> None:
+    exact = report_with(TurnReport(call=2, prompt_tokens=20, generated_tokens=2, extends=True, added_tokens=7), False)
+    assert exact.ok() and not exact.ok(strict=True)
+    text = format_report(exact)
+    assert "call 2: prompt 20 tokens = the previous 13 exactly + 7 added between turns" in text
+    assert text.splitlines()[-1].startswith("PASS: 1 turn boundaries in 1 rollouts")
+    assert format_report(exact, strict=True).splitlines()[-1].startswith("FAIL (--strict)")
+
+    drift = report_with(TurnReport(call=2, prompt_tokens=20, generated_tokens=2, extends=False,
+                                   divergence=Divergence(11, 13, 20, "… 'a' | 'b'", "… 'a' | 'bc'")), True)
+    assert not drift.ok()
+    text = format_report(drift)
+    assert "DRIFT: the prompt (20 tokens) stops extending the previous prompt + generation (13 tokens) at token 11" in text
+    assert "previous tokens: … 'a' | 'b'" in text and "this prompt:     … 'a' | 'bc'" in text
+    assert text.splitlines()[-1].startswith("FAIL: 1 of 1 turn boundaries drifted")
+
+    single = Report(agent="a", model_server="m", input="t", forced_tool=False,
+                    rollouts=[RolloutReport(task=1, status="ok", turns=[TurnReport(call=1, prompt_tokens=1, generated_tokens=1)])])
+    assert not single.ok() and "nothing to compare" in format_report(single)
