@@ -20,6 +20,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
+from pathlib import Path
 from typing import Any, Collection, Mapping
 
 import aiohttp
@@ -93,6 +94,29 @@ def registry_from_json(data: Mapping[str, Any], *, auth_token: str | None = None
         else:
             raise ValueError(f"registry entry {name!r}: expected a URL, a list of URLs or {{\"url\": ...}}, got {entry!r}")
     return registry
+
+
+def load_registry_file(path: str | Path, *, auth_token: str | None = None) -> dict[str, ServerAddress]:
+    """The registry in a JSON file (as `rollgym run --registry-file` writes it); ValueError naming the
+    file when it is missing, unreadable, not JSON or not a registry."""
+    path = Path(path)
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ValueError(f"registry file {path}: no such file (`rollgym run ... --registry-file {path}` "
+                         "writes it)") from None
+    except IsADirectoryError:
+        raise ValueError(f"registry file {path}: is a folder") from None
+    except OSError as exc:
+        raise ValueError(f"registry file {path}: cannot read it: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"registry file {path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"registry file {path}: expected a JSON object {{name: address}} with at least one server")
+    try:
+        return registry_from_json(data, auth_token=auth_token)
+    except ValueError as exc:
+        raise ValueError(f"registry file {path}: {exc}") from None
 
 
 # A deployment's registry and bearer token, for `rollgym serve-one` and `collect-rollouts` in a

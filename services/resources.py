@@ -27,6 +27,9 @@ from .server import BaseServer, JSONBytesResponse, ServerConfig, ServerStartErro
 from .sessions import AnySessionStore, default_session_db, make_session_store
 
 
+# The routes every resources server has; no tool may take their names (an agent checks the same).
+RESERVED_ROUTES = frozenset({"seed_session", "verify", "tools", "health"})
+
 class ResourcesServerConfig(ServerConfig):
     session_ttl_s: float = Field(default=3600.0, gt=0, description="idle sessions are dropped after this")
     session_store: Literal["memory", "sqlite"] = Field(
@@ -191,8 +194,7 @@ class ResourcesServer(BaseServer):
             args_model = hints.get(params[0]) if params else None
             if not (isinstance(args_model, type) and issubclass(args_model, BaseModel)):
                 args_model = EmptyArgs
-            reserved = {"seed_session", "verify", "tools", "health"}
-            if marker["name"] in reserved:
+            if marker["name"] in RESERVED_ROUTES:
                 raise TypeError(f"tool name {marker['name']!r} collides with a built-in route")
             description = marker["description"] or inspect.getdoc(method) or ""
             tools[marker["name"]] = ToolSpec(marker["name"], description, args_model, attr)

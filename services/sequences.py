@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from .chat_conversion import responses_to_chat_request
+
 
 @dataclass(frozen=True)
 class TokenRecord:
@@ -48,6 +50,27 @@ def token_record(item: Any) -> TokenRecord | None:
         return None
     version = item.get("model_version")
     return TokenRecord(list(prompt), list(generation), values, str(version) if version is not None else None)
+
+
+def previous_turn(payload: dict[str, Any], system_role: str = "system") -> tuple[TokenRecord, list[dict[str, Any]]] | None:
+    """The token record of the last generated turn in a Responses request's input, and the chat
+    messages up to and including that turn's assistant message; None when no item carries tokens.
+
+    A model server puts a call's tokens on the last item it generated, so converting the input up to
+    that item gives the conversation the next prompt must extend token for token. Both model servers
+    use this (models/chat_completions, models/llamacpp). Raises ConversionError on a bad input.
+    """
+    items = payload.get("input")
+    if not isinstance(items, list):
+        return None
+    for index in range(len(items) - 1, -1, -1):
+        record = token_record(items[index])
+        if record is not None:
+            head = responses_to_chat_request({**payload, "input": items[: index + 1]}, system_role=system_role)
+            if not head["messages"] or head["messages"][-1].get("role") != "assistant":
+                return None
+            return record, head["messages"]
+    return None
 
 
 def token_records(items: Iterable[dict[str, Any]]) -> list[tuple[list[int], list[int], list[float]]]:

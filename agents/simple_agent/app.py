@@ -26,10 +26,10 @@ from rollgym import (
     ServerConfig,
     ServerRef,
 )
+from rollgym.resources import RESERVED_ROUTES
 from rollgym.sequences import merge_sequences
 
 TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
-BUILT_IN_ROUTES = {"seed_session", "verify", "tools", "health"}
 
 
 class SimpleAgentConfig(ServerConfig):
@@ -183,7 +183,7 @@ class SimpleAgent(AgentServer):
         """The tool's output text; model mistakes become an explanatory output, not a failure."""
         name = str(call.get("name") or "")
         loop.tool_calls += 1
-        if not TOOL_NAME.match(name) or name in BUILT_IN_ROUTES:
+        if not TOOL_NAME.match(name) or name in RESERVED_ROUTES:
             return f"Error: unknown tool '{name}'."
         try:
             arguments = orjson.loads(call.get("arguments") or "{}")

@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 from rollgym import ModelServer, ResponsesCreateParams, ServerCallError, ServerConfig, build_response
 from rollgym.chat_conversion import ConversionError, chat_response_to_output, responses_to_chat_request
 from rollgym.client import Reply
-from rollgym.sequences import TokenRecord, extend_tokens, token_record
+from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
 from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
@@ -449,25 +449,6 @@ def is_context_error(reply: Reply) -> bool:
         return False
     text = reply.text.lower()
     return any(marker in text for marker in CONTEXT_ERROR_MARKERS)
-
-
-def previous_turn(payload: dict[str, Any], system_role: str = "system") -> tuple[TokenRecord, list[dict[str, Any]]] | None:
-    """The token record of the last generated turn in the input, and the chat messages up to it.
-
-    The model server puts a call's tokens on the last item it generated, so converting the input up
-    to that item gives the conversation up to and including that turn's assistant message.
-    """
-    items = payload.get("input")
-    if not isinstance(items, list):
-        return None
-    for index in range(len(items) - 1, -1, -1):
-        record = token_record(items[index])
-        if record is not None:
-            head = responses_to_chat_request({**payload, "input": items[: index + 1]}, system_role=system_role)
-            if not head["messages"] or head["messages"][-1].get("role") != "assistant":
-                return None
-            return record, head["messages"]
-    return None
 
 
 def generated_ids(chat: dict[str, Any]) -> list[int] | None:

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
 from rollgym.chat_conversion import ConversionError, responses_to_chat_request
-from rollgym.schema import TOKEN_FIELDS
+from rollgym.sequences import previous_turn
 from rollgym.server import JSONBytesResponse, read_json
 
 from .engine import ContextLengthError, GenerationResult, LlamaEngine, bundled_model_path
@@ -64,12 +64,14 @@ class LlamaCppModel(ModelServer):
     async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
         try:
             chat = responses_to_chat_request(payload)
-            prefix, prefix_index = previous_turn(payload)
+            previous = previous_turn(payload)
         except ConversionError as exc:
             raise BadRequest(str(exc), field=exc.field) from None
         try:
             result = await self.queue.submit(
-                **self._sampling(chat), prefix=prefix, prefix_message_index=prefix_index
+                **self._sampling(chat),
+                prefix=(previous[0].prompt, previous[0].generation) if previous else None,
+                prefix_message_index=len(previous[1]) - 1 if previous else None,
             )
         except ContextLengthError:
             return build_response(payload, [], model=self.model_name, status="incomplete",
@@ -139,23 +141,6 @@ class LlamaCppModel(ModelServer):
             "seed": chat.get("seed"),
             "stop": chat.get("stop"),
         }
-
-
-def previous_turn(payload: dict[str, Any]) -> tuple[tuple[list[int], list[int]] | None, int | None]:
-    """The token record of the last generated turn in the input, and its assistant message's index.
-
-    The model server puts a call's tokens on the last item it generated, so converting the input up
-    to that item gives the chat messages up to and including that turn's assistant message.
-    """
-    items = payload.get("input")
-    if not isinstance(items, list):
-        return None, None
-    for index in range(len(items) - 1, -1, -1):
-        item = items[index]
-        if isinstance(item, dict) and all(item.get(name) is not None for name in TOKEN_FIELDS):
-            head = responses_to_chat_request({**payload, "input": items[: index + 1]})
-            return (item["prompt_token_ids"], item["generation_token_ids"]), len(head["messages"]) - 1
-    return None, None
 
 
 def token_list(ids: list[int]) -> dict[str, Any]:

@@ -14,8 +14,6 @@ and messages natively instead. A forced tool call is a llama.cpp GBNF grammar.
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -57,8 +55,6 @@ END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
-_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_UNCLOSED_TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*$", re.DOTALL)
 
 
 # --------------------------------------------------------------------------- templates
@@ -192,49 +188,7 @@ def messages_for_tool_template(messages: Sequence[Mapping[str, Any]]) -> list[di
     return out
 
 
-# --------------------------------------------------------------------------- tool calls
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Split generated text into (content, OpenAI tool_calls).
-
-    Every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block whose JSON
-    parses becomes ``{"id": "call_<hex>", "type": "function", "function": {"name",
-    "arguments": <json string>}}``; a trailing block whose closing tag is missing is
-    accepted too. Blocks that do not parse stay in the content. The content is stripped.
-    Never raises.
-    """
-    calls: list[dict[str, Any]] = []
-
-    def convert(match: re.Match[str]) -> str:
-        try:
-            payload = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            return match.group(0)
-        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-            return match.group(0)
-        arguments = payload.get("arguments", payload.get("parameters", {}))
-        if isinstance(arguments, str):
-            # Some models double-encode; keep it only if it is itself JSON.
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                return match.group(0)
-        calls.append(
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {
-                    "name": payload["name"],
-                    "arguments": json.dumps(arguments, ensure_ascii=False),
-                },
-            }
-        )
-        return ""
-
-    rest = _TOOL_CALL_RE.sub(convert, text)
-    rest = _UNCLOSED_TOOL_CALL_RE.sub(convert, rest)
-    return rest.strip(), calls
+# --------------------------------------------------------------------------- forced tool calls
 
 
 def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import LlamaGrammar
+from rollgym.tool_calls import parse_hermes_tool_calls
 
 from .chat_format import (
     CHATML_TEMPLATE,
@@ -46,7 +47,6 @@ from .chat_format import (
     compile_template,
     messages_for_plain_template,
     messages_for_tool_template,
-    parse_tool_calls,
     tool_call_grammar,
 )
 
@@ -391,7 +391,8 @@ class LlamaEngine:
 
         tool_calls: list[dict[str, Any]] = []
         if prompt_tools and finish_reason != "abort":
-            text, tool_calls = parse_tool_calls(text)
+            text, tool_calls = parse_hermes_tool_calls(text)
+            text = text.strip()
             if tool_calls:
                 finish_reason = "tool_calls"
         return GenerationResult(

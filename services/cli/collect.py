@@ -49,7 +49,7 @@ def register(commands: Any) -> None:
 def run_collect(args: argparse.Namespace) -> int:
     import orjson
 
-    from ..client import ServerAddress, registry_from_json
+    from ..client import ServerAddress, load_registry_file
     from ..config import load_stack, split_configs
     from ..rollouts.collector import CollectOptions
 
@@ -85,7 +85,10 @@ def run_collect(args: argparse.Namespace) -> int:
             registry = stack.start()
             print(f"rollgym: stack ready in {time.perf_counter() - STARTED:.2f} s", file=sys.stderr)
         elif args.registry_file:
-            registry = registry_from_json(orjson.loads(Path(args.registry_file).read_bytes()))
+            try:
+                registry = load_registry_file(args.registry_file)
+            except ValueError as exc:
+                raise UsageError(f"--registry-file: {exc}") from None
         elif args.agent_url:
             registry = {"agent": ServerAddress(url=args.agent_url, role="agents")}
         elif env_registry() is not None:  # a container of a compose stack (rollgym.stack.compose)

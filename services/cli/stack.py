@@ -92,9 +92,8 @@ def run_serve_one(args: argparse.Namespace) -> int:
     """One server of a stack (all its replicas), the others located by the registry: a container's command."""
     import os
 
-    import orjson
 
-    from ..client import AUTH_TOKEN_ENV, REGISTRY_ENV, parse_registry_items, registry_from_json
+    from ..client import AUTH_TOKEN_ENV, REGISTRY_ENV, load_registry_file, parse_registry_items
     from ..config import load_stack, split_configs
     from ..stack.compose import missing_references, single_server_stack
     from ..stack.launcher import Stack
@@ -105,7 +104,7 @@ def run_serve_one(args: argparse.Namespace) -> int:
     registry = env_registry() or {}
     try:
         if args.registry_file:
-            registry.update(registry_from_json(orjson.loads(Path(args.registry_file).read_bytes()), auth_token=token))
+            registry.update(load_registry_file(args.registry_file, auth_token=token))
         registry.update(parse_registry_items(args.registry or [], auth_token=token))
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from ..client import ServerAddress, ServerCallError, ServerClient, registry_from_json
+from ..client import ServerAddress, ServerCallError, ServerClient, load_registry_file
 from ..config import StackConfig, load_stack, split_configs
 from ..data.jsonl import JsonlError, read_jsonl
 from ..statuses import FAILURE_STATUSES
@@ -370,7 +370,10 @@ def command(args: Any) -> int:
             registry = stack.start()
             print(f"rollgym check-tokens: stack ready in {time.perf_counter() - started:.2f} s", file=sys.stderr, flush=True)
         else:
-            registry = registry_from_json(orjson.loads(Path(args.registry_file).read_bytes()))
+            try:
+                registry = load_registry_file(args.registry_file)
+            except ValueError as exc:
+                raise CheckUsageError(f"--registry-file: {exc}") from None
         agent, model = _servers_for(config, registry, args)
         input_path = Path(args.input) if args.input else _default_input(config, agent)
         max_tokens = args.max_output_tokens or None

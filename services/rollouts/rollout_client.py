@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 
-import orjson
 from pydantic import ValidationError
 
-from ..client import ServerAddress, ServerClient, registry_from_json
+from ..client import ServerAddress, ServerClient, load_registry_file, registry_from_json
 from ..errors import validation_errors
 from ..schema import RunRequest
 from .attempts import (
@@ -384,7 +383,7 @@ def _registry(target: str | Path | Mapping[str, Any], auth_token: str | None) ->
         path = Path(target)
         if not path.is_file():
             raise ValueError(f"{target!s} is neither an http(s) URL nor a registry file")
-        target = orjson.loads(path.read_bytes())
+        return load_registry_file(path, auth_token=auth_token), False
     if not isinstance(target, Mapping) or not target:
         raise ValueError("target must be an agent URL, a registry {name: address} or a registry file")
     registry = {}

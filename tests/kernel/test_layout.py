@@ -1,0 +1,177 @@
+"""The house rules of services/ (imported as `rollgym`), checked by reading its imports.
+
+- no import circle, and no module imports another's private (`_name`) names;
+- the kernel (the flat modules) imports no wing; nothing imports the command line;
+- argparse only in rollgym.cli (and the two internal process entry points);
+- `rollgym.cli` and the collector start without the web stack (fastapi, uvicorn, openai);
+- the lazy facade's `_EXPORTS`, `__all__` and TYPE_CHECKING imports agree and every name resolves;
+- pyproject's package list names every package folder of services/.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+SERVICES = Path(__file__).resolve().parents[2] / "services"
+WINGS = {"stack", "rollouts", "data", "envkit", "cli"}
+# Processes of their own, started with `python -m`: the launcher's child and the test backend.
+ARGPARSE_ENTRY_POINTS = {"rollgym.stack.serve", "rollgym.testing.backend"}
+
+
+def module_name(path: Path) -> str:
+    parts = ["rollgym", *path.relative_to(SERVICES).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in SERVICES.rglob("*.py")}
+
+
+def resolve(name: str) -> str | None:
+    while name:
+        if name in MODULES:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str) -> list[tuple[str, str | None, str]]:
+    """(imported rollgym module, imported name or None, raw module name) for every import, nested ones too."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, None, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                full = ".".join(base + ([node.module] if node.module else []))
+            else:
+                full = node.module or ""
+            for alias in node.names:
+                sub = f"{full}.{alias.name}"
+                found.append((sub if sub in MODULES else full, alias.name, full))
+    return found
+
+
+def edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {module: set() for module in MODULES}
+    for module in MODULES:
+        for target, _, _ in imports_of(module):
+            dest = resolve(target) if target.startswith("rollgym") else None
+            if dest and dest not in (module, "rollgym"):
+                graph[module].add(dest)
+    return graph
+
+
+def wing_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in WINGS else None
+
+
+def circles_in(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circle() -> None:
+    assert not circles_in(edges())
+
+
+def test_no_private_import_across_modules() -> None:
+    private = [f"{module} imports {target}.{name}" for module in MODULES for target, name, _ in imports_of(module)
+               if target.startswith("rollgym") and name and name.startswith("_") and not name.startswith("__")
+               and resolve(target) not in (module, None)]
+    assert not private
+
+
+def test_the_kernel_imports_no_wing_and_nothing_imports_the_cli() -> None:
+    wrong = []
+    for module, targets in edges().items():
+        for target in targets:
+            if wing_of(target) == "cli" and wing_of(module) != "cli":
+                wrong.append(f"{module} imports the command line ({target})")
+            if wing_of(module) is None and wing_of(target) is not None and module != "rollgym":
+                wrong.append(f"kernel module {module} imports wing module {target}")
+    assert not wrong
+
+
+def test_argparse_lives_in_the_cli() -> None:
+    users = {module for module in MODULES for _, _, raw in imports_of(module) if raw == "argparse"}
+    assert users - ARGPARSE_ENTRY_POINTS == {m for m in users if wing_of(m) == "cli"}
+
+
+def test_the_checks_see_imports_and_circles() -> None:
+    assert circles_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert "rollgym.rollouts.attempts" in edges()["rollgym.rollouts.collector"]  # relative imports are read
+    assert "rollgym.client" in edges()["rollgym.rollouts.attempts"]
+
+
+@pytest.mark.parametrize("module", ["rollgym.cli", "rollgym.rollouts.collector"])
+def test_cli_and_collector_start_without_the_web_stack(module: str) -> None:
+    code = (f"import sys, {module}\n"
+            "import rollgym.cli; rollgym.cli.build_parser()\n"
+            "print(sorted(m for m in ('fastapi', 'uvicorn', 'openai', 'starlette') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_facade_agrees_with_itself() -> None:
+    import rollgym
+
+    tree = ast.parse((SERVICES / "__init__.py").read_text())
+    checked: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom)
+                for alias in stmt.names:
+                    checked[alias.name] = "." * stmt.level + (stmt.module or "")
+    exports = rollgym._EXPORTS
+    assert set(exports) == set(rollgym.__all__) == set(checked)
+    assert exports == checked, "TYPE_CHECKING imports and _EXPORTS name other modules"
+    for name, module in exports.items():
+        value = getattr(importlib.import_module(module, "rollgym"), name)
+        assert getattr(rollgym, name) is value
+
+
+def test_pyproject_lists_every_package() -> None:
+    config = tomllib.loads((SERVICES.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {"rollgym": "services"}
+    folders = {module_name(path.parent / "__init__.py") for path in SERVICES.rglob("__init__.py")}
+    assert set(config["packages"]) == folders
