@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-RolloutStatus = Literal["ok", "truncated", "max_steps", "model_error", "env_error", "timeout"]
+RolloutStatus = Literal["ok", "truncated", "max_steps", "model_error", "env_error", "timeout", "context_overflow"]
 
 # The policy produced the trajectory: it was verified and its reward is real.
 POLICY_STATUSES: frozenset[str] = frozenset({"ok", "truncated", "max_steps"})
-# Infrastructure failed: no reward; the collector records and retries these.
-FAILURE_STATUSES: frozenset[str] = frozenset({"model_error", "env_error", "timeout"})
+# No reward: infrastructure failed, or (context_overflow) the prompt did not fit the model's context,
+# so nothing was generated. The collector records these and retries the infrastructure failures.
+FAILURE_STATUSES: frozenset[str] = frozenset({"model_error", "env_error", "timeout", "context_overflow"})
+# Failures a retry of the same row cannot fix.
+FINAL_STATUSES: frozenset[str] = frozenset({"context_overflow"})

@@ -121,7 +121,8 @@ class SimpleAgent(AgentServer):
         except RolloutAborted as failure:
             from fastapi import HTTPException
 
-            raise HTTPException(504 if failure.status == "timeout" else 502, detail=failure.error) from None
+            code = {"timeout": 504, "context_overflow": 400}.get(failure.status, 502)
+            raise HTTPException(code, detail=failure.error) from None
         return loop.final_response() or {}
 
     async def _loop(self, params: dict[str, Any], cookies: dict[str, str], loop: Loop) -> None:
@@ -141,6 +142,9 @@ class SimpleAgent(AgentServer):
             loop.outputs.extend(new_items)
             calls = [item for item in new_items if item.get("type") == "function_call"]
             if response.get("status") == "incomplete":
+                if not new_items:  # the prompt did not fit: nothing was generated, so there is nothing to reward
+                    raise RolloutAborted("context_overflow", f"the prompt of turn {loop.turns} does not fit the "
+                                         "model's context: nothing was generated")
                 loop.status = "truncated"
                 return
             if config.max_total_output_tokens is not None and loop.output_tokens >= config.max_total_output_tokens:

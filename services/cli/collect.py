@@ -23,7 +23,10 @@ def register(commands: Any) -> None:
     where.add_argument("--config", nargs="+", metavar="CONFIG_OR_OVERRIDE", help="start this stack for the run")
     where.add_argument("--registry-file", help="use a running stack (written by `rollgym run --registry-file`)")
     where.add_argument("--agent-url", help="use a running agent server at this URL")
-    collect.add_argument("--agent", help="which agent of the stack (default: the only one)")
+    collect.add_argument("--agent", metavar="NAME",
+                         help="send every row to this agent of the stack, whatever its agent_ref says (rows written "
+                              "for another stack, e.g. NeMo Gym task files); default: each row's agent_ref, else "
+                              "the stack's only agent")
     collect.add_argument("--repeats", type=int, default=1, help="rollouts per task (a GRPO group)")
     collect.add_argument("--concurrency", type=int, default=32, help="rollouts in flight at once")
     collect.add_argument("--limit", type=int, help="use only the first N tasks")
@@ -38,6 +41,8 @@ def register(commands: Any) -> None:
     collect.add_argument("--timeout", type=float, default=3600.0, help="seconds one rollout may take")
     collect.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass for pass@k")
     collect.add_argument("--no-progress", action="store_true", help="no progress bar")
+    collect.add_argument("--allow-failures", action="store_true",
+                         help="exit 0 even when rollouts failed after their attempts or none succeeded")
     collect.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                          help="run the rollouts on collector actors of a Ray cluster (and a --config stack as "
                               "actors); ADDRESS as for `rollgym run --ray`")
@@ -51,13 +56,16 @@ def run_collect(args: argparse.Namespace) -> int:
 
     from ..client import ServerAddress, load_registry_file
     from ..config import load_stack, split_configs
+    from ..rollouts.attempts import UnknownAgent
     from ..rollouts.collector import CollectOptions
 
-    input_path = Path(args.input)
+    input_path, output = Path(args.input), Path(args.output)
     if not input_path.is_file():
         raise UsageError(f"--input: no such file: {input_path}")
-    if args.repeats < 1 or args.concurrency < 1 or args.max_attempts < 1:
-        raise UsageError("--repeats, --concurrency and --max-attempts must be at least 1")
+    for option in ("repeats", "concurrency", "max_attempts"):
+        if getattr(args, option) < 1:
+            raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    check_output(output, input_path)
     params: dict[str, Any] = {}
     for item in args.param or []:
         key, sep, value = item.partition("=")
@@ -72,9 +80,10 @@ def run_collect(args: argparse.Namespace) -> int:
         if value is not None:
             params[key] = value
     options = CollectOptions(
-        input=input_path, output=Path(args.output), repeats=args.repeats, concurrency=args.concurrency,
+        input=input_path, output=output, repeats=args.repeats, concurrency=args.concurrency,
         limit=args.limit, params=params, max_attempts=args.max_attempts, timeout_s=args.timeout,
         pass_threshold=args.pass_threshold, progress=not args.no_progress,
+        force_agent=bool(args.agent or args.agent_url),  # one agent named: every row goes there
     )
     stack = None
     try:
@@ -97,12 +106,47 @@ def run_collect(args: argparse.Namespace) -> int:
             raise UsageError("say where the agent is: --config FILE... (start a stack), --registry-file, "
                              "--agent-url, or ROLLGYM_REGISTRY")
         agent = pick_agent(registry, args.agent)
-        summary = _run_collection(args, registry, agent, options)
+        try:
+            summary = _run_collection(args, registry, agent, options)
+        except UnknownAgent as exc:
+            raise UsageError(f"{exc}. To send every row to one agent, pass --agent NAME") from None
     finally:
         if stack is not None:
             stack.stop()
     print_summary(summary, options)
-    return 0
+    return exit_code(summary, allow_failures=args.allow_failures)
+
+
+def check_output(output: Path, input_path: Path) -> None:
+    """Refuse an --output that cannot be written, or that would overwrite the tasks, before anything runs."""
+    from ..rollouts.sink import companion_paths
+
+    if output.is_dir():
+        raise UsageError(f"--output: {output} is a folder; name a file such as {output / 'rollouts.jsonl'}")
+    if output.exists() and output.resolve() == input_path.resolve() or \
+            any(path.exists() and path.resolve() == input_path.resolve() for path in companion_paths(output)):
+        raise UsageError(f"--output {output} would write over the --input file")
+    for parent in output.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--output: {parent} is a file, so {output} cannot be created")
+            break
+
+
+def exit_code(summary: dict[str, Any], *, allow_failures: bool) -> int:
+    """0 when every rollout succeeded; 1 when none did or any ended as a failure (unless allowed)."""
+    problem = None
+    if summary["rollouts"] == 0:
+        problem = "no rollout succeeded"
+    elif summary["failed"]:
+        problem = f"{summary['failed']} rollouts failed after their attempts"
+    if problem is None:
+        return 0
+    if allow_failures:
+        print(f"rollgym: {problem} (exit 0: --allow-failures)", file=sys.stderr)
+        return 0
+    print(f"rollgym: {problem}: exit 1 (--allow-failures exits 0)", file=sys.stderr)
+    return 1
 
 
 async def _collect(registry: dict[str, ServerAddress], agent: str, options: CollectOptions) -> dict:
@@ -126,7 +170,7 @@ def pick_agent(registry: dict[str, ServerAddress], wanted: str | None) -> str:
         return agents[0]
     if not agents:
         raise UsageError("the stack has no agent server")
-    raise UsageError(f"the stack has several agents ({', '.join(agents)}); pick one with --agent")
+    return ""  # several agents: each row must name its own (agent_ref), checked before anything is sent
 
 
 def _run_collection(args: argparse.Namespace, registry: dict[str, ServerAddress], agent: str,
@@ -152,9 +196,12 @@ def print_summary(summary: dict[str, Any], options: CollectOptions) -> None:
         f"collected {summary['rollouts']} rollouts in {summary['groups']} groups "
         f"({run['new_rollouts']} new in {run['wall_s']:.1f} s, {run['rollouts_per_s'] or 0:.1f} rollouts/s)",
     ]
+    if run.get("skipped_lines"):
+        lines.append(f"skipped {run['skipped_lines']} unusable task lines (listed above)")
     if summary["mean_reward"] is not None:
         pass_k = "  ".join(f"{k} {v:.3f}" for k, v in summary.items() if k.startswith("pass@"))
-        lines.append(f"mean reward {summary['mean_reward']:.3f} (std {summary['reward_std']:.3f})  {pass_k}")
+        threshold = f"  (a pass: reward >= {summary['pass_threshold']:g})" if pass_k else ""
+        lines.append(f"mean reward {summary['mean_reward']:.3f} (std {summary['reward_std']:.3f})  {pass_k}{threshold}")
     lines.append("status: " + ", ".join(f"{k} {v}" for k, v in summary["status_counts"].items()))
     tokens, latency = summary["tokens"], summary["latency_s"]
     if summary["rollouts"]:

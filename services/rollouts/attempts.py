@@ -6,7 +6,9 @@ the Ray collector shards and `RolloutClient`.
   8 hex digits of the SHA-1 of the row's JSON with sorted keys, so an edited row gets new ids. Repeat
   `k` of the task is the rollout `{group_id}-r{k}`.
 - **Agent.** A row goes to the agent its `agent_ref` names (`{"name": ...}`, as prepare-data stamps
-  it, or a bare string), else to the default agent.
+  it, or a bare string), else to the default agent. Every `agent_ref` is checked against the stack
+  before anything is sent (`check_agent_refs`). A run told to use one agent (`--agent NAME`, an agent
+  URL) sends every row there, whatever its `agent_ref` says (rows written for another stack).
 - **Payload.** The row, with the run's `params` merged into `responses_create_params`, plus
   `rollout_id` and `group_id`.
 - **One attempt** is one `POST /run`, classified (`attempt_run`). Only a policy status with a numeric
@@ -14,7 +16,8 @@ the Ray collector shards and `RolloutClient`.
 - **Retries.** A rollout is attempted at most `max_attempts` times, each attempt for at most
   `timeout_s`; with `budget_s`, all its attempts and waits together get that many seconds (an attempt's
   timeout is then what is left, and none starts once it is spent). Between attempts the wait is
-  `backoff_s * 2**(attempt-1)`, capped at `backoff_max_s`, with jitter. A refused row (`rejected`) or an unknown agent is not retried. `/run` itself is not retried
+  `backoff_s * 2**(attempt-1)`, capped at `backoff_max_s`, with jitter. A refused row (`rejected`), a prompt too long for the model (`context_overflow`) or an
+  unknown agent is not retried. `/run` itself is not retried
   at the HTTP layer on 5xx or 429 (only when it could not be delivered): the model server has already
   retried its backend, so a failed `/run` is one failed attempt, not several.
 """
@@ -26,12 +29,12 @@ import hashlib
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import orjson
 
 from ..client import ServerCallError, ServerClient
-from ..statuses import FAILURE_STATUSES
+from ..statuses import FAILURE_STATUSES, FINAL_STATUSES
 
 
 def group_id_for(row: Mapping[str, Any], position: int) -> str:
@@ -60,6 +63,35 @@ def agent_ref_name(row: Mapping[str, Any]) -> str | None:
 def agent_for(row: Mapping[str, Any], default: str) -> str:
     """The agent a row goes to: its `agent_ref`, else `default`."""
     return agent_ref_name(row) or default
+
+
+class UnknownAgent(ValueError):
+    """A row names (`agent_ref`) an agent the stack does not have; raised before anything is sent."""
+
+
+def agents_of(registry: Mapping[str, Any]) -> list[str]:
+    """The agent servers of a registry (entries without a role may be agents too)."""
+    return [name for name, address in registry.items() if getattr(address, "role", "") in ("agents", "")]
+
+
+def check_agent_refs(rows: Iterable[tuple[str, Mapping[str, Any]]], registry: Mapping[str, Any], *,
+                     every_row_named: bool = False) -> None:
+    """Every row's `agent_ref` must name an agent of `registry` (and with `every_row_named`, every row
+    must name one: there is no default agent); `rows` are (where, row) pairs. Raises UnknownAgent
+    naming the first such row, how many there are, and the stack's agents."""
+    agents = set(agents_of(registry))
+    rows = list(rows)
+    if every_row_named:
+        unrouted = [where for where, row in rows if agent_ref_name(row) is None]
+        if unrouted:
+            raise UnknownAgent(f"{unrouted[0]}: the row names no agent (agent_ref) and the stack has several "
+                               f"({', '.join(sorted(agents))}); {len(unrouted)} such rows in all")
+    wrong = [(where, name) for where, row in rows if (name := agent_ref_name(row)) is not None and name not in agents]
+    if wrong:
+        where, name = wrong[0]
+        more = f" (and {len(wrong) - 1} more rows)" if len(wrong) > 1 else ""
+        raise UnknownAgent(f"{where}: agent_ref names agent '{name}', which this stack does not have{more}; "
+                           f"its agents: {', '.join(sorted(agents)) or 'none'}")
 
 
 def build_payload(row: Mapping[str, Any], params: Mapping[str, Any], group_id: str, rollout_id: str) -> dict[str, Any]:
@@ -100,7 +132,7 @@ async def attempt_run(client: ServerClient, agent: str, payload: dict[str, Any],
     rollout = reply.json()
     status = str(rollout.get("status", "ok"))
     if status in FAILURE_STATUSES:
-        return Attempt(None, status, rollout.get("error"))
+        return Attempt(None, status, rollout.get("error"), retryable=status not in FINAL_STATUSES)
     if not isinstance(rollout.get("reward"), (int, float)):
         return Attempt(None, "agent_error", f"the agent answered status {status!r} without a reward")
     return Attempt(rollout, status)
@@ -171,5 +203,5 @@ async def run_rollout(client: ServerClient, agent: str, payload: dict[str, Any],
         await asyncio.sleep(wait)
 
 
-__all__ = ["Attempt", "FailedAttempt", "RetryPolicy", "agent_for", "agent_ref_name", "attempt_run",
-           "build_payload", "group_id_for", "rollout_id_for", "run_rollout"]
+__all__ = ["Attempt", "FailedAttempt", "RetryPolicy", "UnknownAgent", "agent_for", "agent_ref_name", "agents_of",
+           "attempt_run", "build_payload", "check_agent_refs", "group_id_for", "rollout_id_for", "run_rollout"]

@@ -16,7 +16,15 @@ from typing import Any, Callable
 
 from ..client import ServerClient
 from ..data.jsonl import iter_jsonl
-from .attempts import RetryPolicy, agent_for, build_payload, group_id_for, rollout_id_for, run_rollout
+from .attempts import (
+    RetryPolicy,
+    agent_for,
+    build_payload,
+    check_agent_refs,
+    group_id_for,
+    rollout_id_for,
+    run_rollout,
+)
 from .sink import RolloutSink, scan_output
 
 
@@ -49,6 +57,7 @@ class CollectOptions:
     timeout_s: float = 3600.0
     pass_threshold: float = 1.0
     progress: bool = True
+    force_agent: bool = False  # every row to the collector's agent, whatever its agent_ref names
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
@@ -97,6 +106,7 @@ class Collector:
         """Collect every missing rollout; returns the metrics summary (also written to disk)."""
         options = self.options
         tasks, problems = read_tasks(options.input, options.limit)
+        check_routes(tasks, self.client.registry, options, self.agent)
         for problem in problems:
             self.log(f"{options.input}:{problem.line}: skipped: {problem.message}")
         options.output.parent.mkdir(parents=True, exist_ok=True)
@@ -129,8 +139,16 @@ class Collector:
     async def rollout(self, task: Task, repeat: int, on_failure: Callable[[Any], None]) -> tuple[dict[str, Any] | None, Any]:
         """One rollout of `task` under the run's retry policy (rollgym.rollouts.attempts.run_rollout)."""
         payload = build_payload(task.row, self.options.params, task.group_id, task.rollout_id(repeat))
-        return await run_rollout(self.client, agent_for(task.row, self.agent), payload, self.policy,
+        agent = self.agent if self.options.force_agent else agent_for(task.row, self.agent)
+        return await run_rollout(self.client, agent, payload, self.policy,
                                  where={"line": task.line}, on_failure=on_failure)
+
+
+def check_routes(tasks: list[Task], registry: dict[str, Any], options: CollectOptions, default: str) -> None:
+    """Before anything is sent: every row's agent_ref names an agent of the stack (UnknownAgent if not)."""
+    if not options.force_agent:
+        check_agent_refs(((f"{options.input}:{task.line}", task.row) for task in tasks), registry,
+                         every_row_named=not default)
 
 
 def retry_policy(options: CollectOptions) -> RetryPolicy:

@@ -40,7 +40,9 @@ from .attempts import (
     FailedAttempt,
     RetryPolicy,
     agent_for,
+    UnknownAgent,
     build_payload,
+    check_agent_refs,
     group_id_for,
     rollout_id_for,
     run_rollout,
@@ -319,6 +321,11 @@ class RolloutClient:
                 first = validation_errors(exc.errors())[0]
                 raise ValueError(f"rows[{index}]: field '{first['field']}': {first['message']}") from None
             agent = self.agent if self.url_target else agent_for(row, self.agent or "")
+            if not self.url_target:
+                try:
+                    check_agent_refs([(f"rows[{index}]", row)], self.registry)
+                except UnknownAgent as exc:
+                    raise ValueError(str(exc)) from None
             if not agent:
                 agents = [name for name, address in self.registry.items() if address.role in ("agents", "")]
                 raise ValueError(f"rows[{index}] names no agent (agent_ref) and the registry has "

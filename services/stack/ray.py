@@ -36,7 +36,7 @@ import aiohttp
 
 from ..client import ServerAddress, ServerClient, registry_from_json
 from ..rollouts.attempts import FailedAttempt
-from ..rollouts.collector import CollectOptions, Collector, Task, read_tasks
+from ..rollouts.collector import CollectOptions, Collector, Task, check_routes, read_tasks
 from ..rollouts.sink import RolloutSink, scan_output
 from ..config import StackConfig
 from .launcher import LaunchError, replica_name
@@ -380,6 +380,7 @@ class _Driver:
         self.restarts = 0
         # What is there and what is missing, as the local collector reads them.
         tasks, self.problems = read_tasks(options.input, options.limit)
+        check_routes(tasks, dict(registry), options, agent)
         for problem in self.problems:
             log(f"{options.input}:{problem.line}: skipped: {problem.message}")
         options.output.parent.mkdir(parents=True, exist_ok=True)

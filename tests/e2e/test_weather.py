@@ -122,8 +122,10 @@ def test_bad_lines_are_skipped_with_their_line_number(running_stack, tmp_path: P
         handle.write(json.dumps({"responses_create_params": {"input": "x"}}) + "\n")  # weather needs city
     output = tmp_path / "out.jsonl"
     result = collect(registry, tasks, output)
-    assert result.returncode == 0
+    assert result.returncode == 1  # a task ended as a failure (rejected), and the exit code says so
+    assert "4 rollouts failed after their attempts: exit 1" in result.stderr
     assert f"{tasks}:3: skipped: not valid JSON" in result.stderr
+    assert "skipped 1 unusable task lines" in result.stdout
     assert len(output.read_text().splitlines()) == 8
     failures = [json.loads(line) for line in (tmp_path / "out.failures.jsonl").read_text().splitlines()]
     # The environment rejected row 4 (no city): recorded once, not retried, never a reward.

@@ -284,6 +284,8 @@ def test_registry_needs_an_agent_when_it_has_several(scripted_agents) -> None:
     with RolloutClient(scripted_agents) as client:  # two agents: rows must name theirs
         with pytest.raises(ValueError, match=r"rows\[0\] names no agent .* pass agent="):
             client.run_sync([reverse_row("a")])
+        with pytest.raises(ValueError, match=r"rows\[1\]: agent_ref names agent 'nemo_agent', which this stack does"):
+            client.run_sync([reverse_row("a", agent_ref="reverse_text_agent"), reverse_row("b", agent_ref="nemo_agent")])
         groups = client.run_sync([reverse_row("a", agent_ref={"type": "agents", "name": "reverse_text_agent"})])
     assert groups[0][0]["reward"] == 1.0
     with pytest.raises(ValueError, match="neither an http"):

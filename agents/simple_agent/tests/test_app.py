@@ -245,6 +245,20 @@ def test_incomplete_model_response_is_truncated(agent: httpx.Client) -> None:
     assert message_text(result["response"]["output"][-1]) == "The weather"
 
 
+def test_a_prompt_longer_than_the_context_is_a_failure_not_a_reward(weather_url: str) -> None:
+    # The backend's context holds 1500 tokens (a byte each); the model server answers `incomplete`, nothing generated.
+    with scripted_backend("--max-model-len", "1500") as backend, \
+            serve_in_thread(make_model(backend)) as model, agent_client(model, weather_url) as client:
+        row = weather_row("Paris", ["sunny"])
+        row["responses_create_params"]["input"] = "Tell me the weather in Paris. " + "Please be brief. " * 120
+        result = run(client, row)
+        RunResponse.model_validate(result)
+        assert result["status"] == "context_overflow"
+        assert result["reward"] is None and "does not fit" in result["error"]
+        short = run(client, weather_row("Paris", ["sunny"]))  # the same stack, a prompt that fits
+    assert short["status"] == "ok" and short["reward"] == 1.0
+
+
 def test_output_token_budget_truncates_before_running_tools(model_url: str, weather_url: str) -> None:
     with agent_client(model_url, weather_url, max_total_output_tokens=1) as client:
         result = run(client, weather_row("Paris"))
