@@ -6,7 +6,6 @@ import concurrent.futures
 import json
 import secrets
 import threading
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,14 +20,11 @@ from resources_servers.code.app import (
     parse_report,
 )
 from resources_servers.code.sandbox import Sandbox, SandboxLimits, SandboxResult
-from rollgym.config import load_stack
-from rollgym.stack.serve import build_server
+from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, serve_in_thread
 
-FOLDER = Path(__file__).resolve().parents[1]
-DATA = FOLDER / "data" / "example.jsonl"
-CONFIG = FOLDER / "configs" / "code.yaml"
-MODEL_CONFIG = FOLDER.parents[1] / "models" / "chat_completions" / "configs" / "chat_completions.yaml"
+ENV = env_folder(__file__)
+DATA = ENV.examples
 
 ADD_TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
 SOLUTIONS = {
@@ -189,7 +185,7 @@ def test_setup_code_runs_before_the_tests(sandbox: Sandbox) -> None:
 
 # --- the server over HTTP -----------------------------------------------------------------------
 def test_server_end_to_end_over_http() -> None:
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    rows = ENV.rows()
     assert len(rows) == 5 and {row["entry_point"] for row in rows} == set(SOLUTIONS)
     with serve_in_thread(CodeServer(name="code")) as url, httpx.Client(base_url=url, timeout=60) as http:
         tools = http.get("/tools").json()
@@ -266,9 +262,7 @@ def test_concurrent_verifications_are_bounded(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_config_builds_both_servers() -> None:
-    stack = load_stack([CONFIG, MODEL_CONFIG])
-    payload = {"registry": {}, "secret": "x" * 32}
-    env = build_server(stack.servers["code"], payload)
+    env = ENV.build("code")
     assert isinstance(env, CodeServer) and env.config.max_concurrent_sandboxes == 4
     assert env.sandbox.limits.wall_time_s == 10.0 and env.sandbox.limits.memory_mb == 512
-    assert build_server(stack.servers["code_agent"], payload).config.max_steps == 4
+    assert ENV.build("code_agent").config.max_steps == 4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,16 +19,13 @@ from resources_servers.gymnasium.app import (  # noqa: E402
     make_env,
     parse_action,
 )
-from rollgym.config import load_stack  # noqa: E402
-from rollgym.stack.serve import build_server  # noqa: E402
+from rollgym.envkit.folder import env_folder  # noqa: E402
 from rollgym.server import BadRequest, ServerStartError  # noqa: E402
 from rollgym.testing import final_response, serve_in_thread  # noqa: E402
 
-FOLDER = Path(__file__).resolve().parents[1]
-DATA = FOLDER / "data" / "example.jsonl"
-CONFIG = FOLDER / "configs" / "gymnasium.yaml"
-CHAT = FOLDER.parents[1] / "models/chat_completions/configs/chat_completions.yaml"
-ROWS = [json.loads(line) for line in DATA.read_text().splitlines()]
+ENV = env_folder(__file__)
+DATA = ENV.examples
+ROWS = ENV.rows()
 LAKE = {"responses_create_params": {"input": "Play FrozenLake."}, "env_id": "FrozenLake-v1",
         "env_kwargs": {"is_slippery": False, "map_name": "4x4"}, "seed": 0, "max_episode_steps": 20}
 # The deterministic 4x4 map:  SFFF / FHFH / FFFH / HFFG
@@ -176,8 +172,6 @@ def test_needs_the_memory_store(tmp_path: Path) -> None:
 
 
 def test_config_builds() -> None:
-    stack = load_stack([CONFIG, CHAT], [])
-    payload = {"registry": {}, "secret": "x" * 32}
-    server = build_server(stack.servers["gymnasium"], payload)
+    server = ENV.build("gymnasium")
     assert isinstance(server, GymnasiumServer) and "FrozenLake-v1" in server.config.allowed_env_ids
-    assert build_server(stack.servers["gymnasium_agent"], payload).config.resources_server.name == "gymnasium"
+    assert ENV.build("gymnasium_agent").config.resources_server.name == "gymnasium"

@@ -3,8 +3,6 @@ validation, and the server over real HTTP."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,14 +17,11 @@ from resources_servers.instruction_following.app import (
     sentences,
     words,
 )
-from rollgym.config import load_stack
-from rollgym.stack.serve import build_server
+from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, serve_in_thread
 
-FOLDER = Path(__file__).resolve().parents[1]
-DATA = FOLDER / "data" / "example.jsonl"
-CONFIG = FOLDER / "configs" / "instruction_following.yaml"
-MODEL_CONFIG = FOLDER.parents[1] / "models" / "chat_completions" / "configs" / "chat_completions.yaml"
+ENV = env_folder(__file__)
+DATA = ENV.examples
 
 CONSTRAINT = TypeAdapter(AnyConstraint)
 
@@ -112,7 +107,7 @@ GOOD = [
 
 
 def test_server_end_to_end_over_http() -> None:
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    rows = ENV.rows()
     assert len(rows) == 5
     with serve_in_thread(InstructionFollowingServer(name="instruction_following")) as url, \
             httpx.Client(base_url=url) as http:
@@ -158,7 +153,5 @@ def test_server_end_to_end_over_http() -> None:
 
 
 def test_config_builds_both_servers() -> None:
-    stack = load_stack([CONFIG, MODEL_CONFIG])
-    payload = {"registry": {}, "secret": "x" * 32}
-    assert isinstance(build_server(stack.servers["instruction_following"], payload), InstructionFollowingServer)
-    assert build_server(stack.servers["instruction_following_agent"], payload).config.max_steps == 1
+    assert isinstance(ENV.build("instruction_following"), InstructionFollowingServer)
+    assert ENV.build("instruction_following_agent").config.max_steps == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -23,16 +22,13 @@ from resources_servers.inventory.app import (
     transfer,
 )
 from rollgym import ResourcesServerConfig
-from rollgym.config import load_stack
-from rollgym.stack.serve import build_server
+from rollgym.envkit.folder import env_folder
 from rollgym.sessions import SQLiteSessionStore
 from rollgym.testing import final_response, serve_in_thread
 
-FOLDER = Path(__file__).resolve().parents[1]
-DATA = FOLDER / "data" / "example.jsonl"
-CONFIG = FOLDER / "configs" / "inventory.yaml"
-CHAT = FOLDER.parents[1] / "models/chat_completions/configs/chat_completions.yaml"
-ROWS = [json.loads(line) for line in DATA.read_text().splitlines()]
+ENV = env_folder(__file__)
+DATA = ENV.examples
+ROWS = ENV.rows()
 
 # A correct tool sequence for each example row, in order.
 GOOD = [
@@ -105,10 +101,8 @@ def test_reward_is_the_fraction_of_exact_entries() -> None:
 
 
 def test_config_builds() -> None:
-    stack = load_stack([CONFIG, CHAT], [])
-    payload = {"registry": {}, "secret": "x" * 32}
-    assert isinstance(build_server(stack.servers["inventory"], payload), InventoryServer)
-    agent = build_server(stack.servers["inventory_agent"], payload)
+    assert isinstance(ENV.build("inventory"), InventoryServer)
+    agent = ENV.build("inventory_agent")
     assert agent.config.max_steps == 12 and agent.config.resources_server.name == "inventory"
 
 

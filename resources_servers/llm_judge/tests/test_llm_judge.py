@@ -8,13 +8,11 @@ here that answers with scripted judge texts, slowly, or with an HTTP error.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,16 +30,13 @@ from resources_servers.llm_judge.app import (
     question_text,
 )
 from rollgym import ModelServer, ResponsesCreateParams, ServerAddress, build_response
-from rollgym.config import load_stack
 from rollgym.schema import RunResponse
-from rollgym.stack.serve import build_server
+from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, free_port, scripted_backend, serve_in_thread
 
-FOLDER = Path(__file__).resolve().parents[1]
-DATA = FOLDER / "data" / "example.jsonl"
-CONFIG = FOLDER / "configs" / "llm_judge.yaml"
-CHAT = FOLDER.parents[1] / "models/chat_completions/configs/chat_completions.yaml"
-ROWS = [json.loads(line) for line in DATA.read_text().splitlines()]
+ENV = env_folder(__file__)
+DATA = ENV.examples
+ROWS = ENV.rows()
 ROW = ROWS[0]
 
 
@@ -329,13 +324,11 @@ def test_rollout_with_a_dead_judge_is_env_error(policy_url: str) -> None:
 
 
 def test_config_builds_with_the_policy_as_default_judge() -> None:
-    stack = load_stack([CONFIG, CHAT], [])
-    payload = {"registry": {}, "secret": "x" * 32}
-    server = build_server(stack.servers["llm_judge"], payload)
+    server = ENV.build("llm_judge")
     assert isinstance(server, LLMJudgeServer)
     assert server.config.judge_model_server.name == "policy_model"
     assert LLMJudgeConfig().judge_model_server.name == "policy_model"
-    agent = build_server(stack.servers["llm_judge_agent"], payload)
+    agent = ENV.build("llm_judge_agent")
     assert agent.config.tool_timeout_s > server.config.judge_timeout_s
-    other = load_stack([CONFIG, CHAT], ["llm_judge.judge_model_server.name=policy_model", "llm_judge.judge_timeout_s=5"])
-    assert build_server(other.servers["llm_judge"], payload).config.judge_timeout_s == 5
+    other = ENV.build("llm_judge", "llm_judge.judge_model_server.name=policy_model", "llm_judge.judge_timeout_s=5")
+    assert other.config.judge_timeout_s == 5

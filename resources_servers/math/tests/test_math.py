@@ -7,7 +7,6 @@ import concurrent.futures
 import json
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,14 +19,11 @@ from resources_servers.math.app import (
     math_reward,
     run_with_deadline,
 )
-from rollgym.config import load_stack
-from rollgym.stack.serve import build_server
+from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, serve_in_thread
 
-FOLDER = Path(__file__).resolve().parents[1]
-DATA = FOLDER / "data" / "example.jsonl"
-CONFIG = FOLDER / "configs" / "math.yaml"
-MODEL_CONFIG = FOLDER.parents[1] / "models" / "chat_completions" / "configs" / "chat_completions.yaml"
+ENV = env_folder(__file__)
+DATA = ENV.examples
 
 
 @pytest.mark.parametrize(
@@ -106,7 +102,7 @@ def test_deadline_answers_timeout() -> None:
 
 
 def test_server_end_to_end_over_http() -> None:
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    rows = ENV.rows()
     assert len(rows) == 5
     with serve_in_thread(MathServer(name="math")) as url, httpx.Client(base_url=url) as http:
         assert http.get("/tools").json() == []
@@ -161,8 +157,6 @@ def test_timeout_over_http() -> None:
 
 
 def test_config_builds_both_servers() -> None:
-    stack = load_stack([CONFIG, MODEL_CONFIG])
-    payload = {"registry": {}, "secret": "x" * 32}
-    env = build_server(stack.servers["math"], payload)
+    env = ENV.build("math")
     assert isinstance(env, MathServer) and env.config.grading_workers == 2
-    assert build_server(stack.servers["math_agent"], payload).config.max_steps == 1
+    assert ENV.build("math_agent").config.max_steps == 1

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import httpx
 import pytest
 
 from resources_servers.mcq.app import McqServer, extract_choice, mcq_reward
-from rollgym.config import load_stack
-from rollgym.stack.serve import build_server
+from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, serve_in_thread
 
-FOLDER = Path(__file__).resolve().parents[1]
-DATA = FOLDER / "data" / "example.jsonl"
-CONFIG = FOLDER / "configs" / "mcq.yaml"
-MODEL_CONFIG = FOLDER.parents[1] / "models" / "chat_completions" / "configs" / "chat_completions.yaml"
+ENV = env_folder(__file__)
+DATA = ENV.examples
 
 CITIES = {"A": "London", "B": "Paris", "C": "Rome", "D": "Berlin"}
 
@@ -112,7 +107,7 @@ def test_reward(answer: str, reward: float, extracted: str | None) -> None:
 
 
 def test_server_end_to_end_over_http() -> None:
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    rows = ENV.rows()
     assert len(rows) == 5
     with serve_in_thread(McqServer(name="mcq")) as url, httpx.Client(base_url=url) as http:
         assert http.get("/tools").json() == []
@@ -156,7 +151,5 @@ def test_server_end_to_end_over_http() -> None:
 
 
 def test_config_builds_both_servers() -> None:
-    stack = load_stack([CONFIG, MODEL_CONFIG])
-    payload = {"registry": {}, "secret": "x" * 32}
-    assert isinstance(build_server(stack.servers["mcq"], payload), McqServer)
-    assert build_server(stack.servers["mcq_agent"], payload).config.max_steps == 1
+    assert isinstance(ENV.build("mcq"), McqServer)
+    assert ENV.build("mcq_agent").config.max_steps == 1
