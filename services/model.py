@@ -76,7 +76,7 @@ def build_response(
     return {
         "id": f"resp_{secrets.token_hex(12)}",
         "object": "response",
-        "created_at": time.time(),
+        "created_at": int(time.time()),  # seconds, an integer as OpenAI and NeMo Gym send it
         "model": model,
         "status": status,
         "output": output,
