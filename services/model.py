@@ -2,17 +2,22 @@
 
 A model server subclasses `ModelServer` and implements `responses` (and usually
 `chat_completions`); `build_response` assembles a valid Responses API response around the output
-items it generated, with the token fields trainers need on the generated items.
+items it generated, with the token fields trainers need on the generated items. Every model server
+also serves vLLM's LoRA adapter routes (see `adapters.py`); a server that can load adapters
+implements `attach_adapter` and `detach_adapter`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 
+from .adapters import (Adapter, AdapterRegistry, LoadLoraAdapterRequest, UnloadLoraAdapterRequest, model_card,
+                       stamp_version)
 from .schema import ResponsesCreateParams
 from .server import BadRequest, BaseServer, JSONBytesResponse, parse_body, read_json
 
@@ -22,9 +27,68 @@ class ModelServer(BaseServer):
 
     role: ClassVar[str] = "models"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.adapters = AdapterRegistry()
+        self._adapter_lock = asyncio.Lock()
+
     def model_names(self) -> list[str]:
-        """The model ids listed by `GET /v1/models`."""
+        """The base model ids listed by `GET /v1/models`."""
         return [self.name]
+
+    # ------------------------------------------------------------------ adapters
+
+    def adapter_for(self, payload: dict[str, Any]) -> Adapter | None:
+        """The adapter a request's `model` selects (None: the base). Call it before the first await."""
+        return self.adapters.resolve(payload.get("model"), self.model_names())
+
+    def version_of(self, adapter: Adapter | None) -> str:
+        """`model_version` of the weights that answer: the adapter's `name@N`, or the base model's name."""
+        return adapter.version if adapter is not None else self.model_names()[0]
+
+    async def attach_adapter(self, request: LoadLoraAdapterRequest) -> Any:
+        """Make the adapter at `request.lora_path` servable and return its handle; BadRequest (4xx) if it cannot be.
+
+        Must leave what is served unchanged when it fails."""
+        raise BadRequest(f"model server {self.name!r} ({type(self).__name__}) cannot load LoRA adapters", status=404)
+
+    async def detach_adapter(self, adapter: Adapter) -> dict[str, Any] | None:
+        """Release an adapter no new request can select (unloaded, or replaced under its name by a newer load);
+        requests in flight may still use it. Returns extra fields for the unload's answer."""
+        return None
+
+    def adapter_details(self, adapter: Adapter) -> dict[str, Any]:
+        """Extra fields for the answer of a load (e.g. per-backend results)."""
+        return {}
+
+    async def load_adapter(self, request: LoadLoraAdapterRequest) -> Adapter:
+        """Attach and register an adapter; the previous one of that name (load_inplace) is detached."""
+        registry = self.adapters
+        name = request.lora_name
+        if name in self.model_names():
+            raise BadRequest(f"'{name}' is the base model's name; choose another lora_name", field="lora_name",
+                             status=400)
+        async with self._adapter_lock:  # one load at a time: load numbers follow completion order
+            if name in registry and not request.load_inplace:
+                raise BadRequest(f"The lora adapter '{name}' has already been loaded; send load_inplace: true "
+                                 "to replace its weights", field="lora_name", status=400)
+            started = time.perf_counter()
+            handle = await self.attach_adapter(request)
+            adapter = Adapter(name=name, path=request.lora_path, load_id=registry.next_id(), handle=handle,
+                              load_s=time.perf_counter() - started)
+            previous = registry.put(adapter)
+        if previous is not None:
+            await self.detach_adapter(previous)
+        return adapter
+
+    async def unload_adapter(self, request: UnloadLoraAdapterRequest) -> dict[str, Any]:
+        """Stop serving an adapter (requests in flight finish on it); the answer of the unload route."""
+        adapter = self.adapters.pop(request.lora_name)
+        if adapter is None:
+            raise BadRequest(f"The lora adapter '{request.lora_name}' cannot be found.", field="lora_name", status=404)
+        report = self.adapter_report(adapter, "removed")
+        report.update(await self.detach_adapter(adapter) or {})
+        return report
 
     async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
         """Answer a Responses API request; `payload` is the validated request as plain JSON."""
@@ -54,8 +118,36 @@ class ModelServer(BaseServer):
 
         @app.get("/v1/models")
         async def models() -> JSONBytesResponse:
-            data = [{"id": name, "object": "model", "created": 0, "owned_by": "rollgym"} for name in self.model_names()]
+            base = self.model_names()
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "rollgym", "model_version": name}
+                    for name in base]
+            data += [model_card(adapter, base[0]) for adapter in self.adapters.all()]
             return JSONBytesResponse({"object": "list", "data": data})
+
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(request: Request) -> JSONBytesResponse:
+            adapter = await self.load_adapter(adapter_body(LoadLoraAdapterRequest, await read_json(request)))
+            return JSONBytesResponse({**self.adapter_report(adapter, "added"), **self.adapter_details(adapter)})
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(request: Request) -> JSONBytesResponse:
+            return JSONBytesResponse(await self.unload_adapter(adapter_body(UnloadLoraAdapterRequest,
+                                                                            await read_json(request))))
+
+    def adapter_report(self, adapter: Adapter, verb: str) -> dict[str, Any]:
+        """The JSON answer of a load or unload: vLLM's success sentence, and what is served now."""
+        return {"success": True, "message": f"Success: LoRA adapter '{adapter.name}' {verb} successfully.",
+                "lora_name": adapter.name, "model_version": adapter.version, "load_s": round(adapter.load_s, 4),
+                "policy": self.version_of(self.adapters.policy())}
+
+
+def adapter_body(model: type[Any], payload: Any) -> Any:
+    """An adapter route's body; invalid ones are 400, as vLLM answers them."""
+    try:
+        return parse_body(model, payload)
+    except BadRequest as exc:
+        exc.status = 400
+        raise
 
 
 def build_response(
@@ -66,9 +158,13 @@ def build_response(
     usage: dict[str, Any] | None = None,
     status: str = "completed",
     incomplete_details: dict[str, Any] | None = None,
+    model_version: str | None = None,
 ) -> dict[str, Any]:
-    """A Responses API response (as JSON) for a request `payload` and the generated `output` items."""
+    """A Responses API response (as JSON) for a request `payload` and the generated `output` items.
+
+    `model_version` (the weights that generated them) goes on the response and on every item."""
     usage = usage or {}
+    stamp_version(output, model_version)
     input_tokens = int(usage.get("input_tokens", 0))
     output_tokens = int(usage.get("output_tokens", 0))
     input_details = usage.get("input_tokens_details") or {}
@@ -100,4 +196,5 @@ def build_response(
         "max_output_tokens": payload.get("max_output_tokens"),
         "tool_choice": payload.get("tool_choice") or "auto",
         "tools": payload.get("tools") or [],
+        **({"model_version": model_version} if model_version is not None else {}),
     }

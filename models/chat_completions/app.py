@@ -27,11 +27,13 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import Field, field_validator, model_validator
 
 from rollgym import ModelServer, ResponsesCreateParams, ServerCallError, ServerConfig, build_response
+from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.chat_conversion import ConversionError, chat_response_to_output, responses_to_chat_request
 from rollgym.client import Reply
 from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
+from .adapters import backend_model, load_everywhere, unload_everywhere
 from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
 from .routing import Backend, BackendPool
 
@@ -119,6 +121,21 @@ class ChatCompletionsModel(ModelServer):
     def model_names(self) -> list[str]:
         return [self.config.model]
 
+    def served_model(self, adapter: Adapter | None) -> str:
+        """The `model` the backends expect for requests served by `adapter` (None: the base)."""
+        return backend_model(self.config.backend, self.config.model, adapter.name) if adapter else self.config.model
+
+    async def attach_adapter(self, request: LoadLoraAdapterRequest) -> Any:
+        return await load_everywhere(self, request)
+
+    async def detach_adapter(self, adapter: Adapter) -> dict[str, Any] | None:
+        if adapter.name in self.adapters:
+            return None  # replaced in place: the backends already serve the new weights under this name
+        return {"backends": await unload_everywhere(self, adapter.name)}
+
+    def adapter_details(self, adapter: Adapter) -> dict[str, Any]:
+        return {"backends": adapter.handle}
+
     @property
     def wants_tokens(self) -> bool:
         return self.config.return_token_ids and self.config.backend != "openai"
@@ -126,8 +143,10 @@ class ChatCompletionsModel(ModelServer):
     # ------------------------------------------------------------------ Responses API
 
     async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
+        adapter = self.adapter_for(payload)
         try:
-            chat_request = responses_to_chat_request(payload, model=self.config.model, system_role=self.config.system_role)
+            chat_request = responses_to_chat_request(payload, model=self.served_model(adapter),
+                                                     system_role=self.config.system_role)
             previous = previous_turn(payload, system_role=self.config.system_role) if self.wants_tokens else None
         except ConversionError as exc:
             raise BadRequest(str(exc), field=exc.field) from None
@@ -143,15 +162,15 @@ class ChatCompletionsModel(ModelServer):
             # An empty generation (e.g. only the end-of-turn token) is still a turn with tokens.
             output = [{"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
                        "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]}]
+        # An adapter's version is this server's (name@load number); the base's is configured or the backend's.
+        version = self.version_of(adapter) if adapter else (turn.model_version or self.config.model)
         for item in output:
             if isinstance(item.get("id"), str):
                 item["id"] = self.pool.tag_item_id(item["id"], backend)
-            if turn.model_version is not None:
-                item["model_version"] = turn.model_version
         if turn.tokens is not None:
             output[-1].update(turn.tokens)
-        return build_response(payload, output, model=self.config.model, usage=turn.usage, status=turn.status,
-                              incomplete_details=turn.incomplete_details)
+        return build_response(payload, output, model=adapter.name if adapter else self.config.model, usage=turn.usage,
+                              status=turn.status, incomplete_details=turn.incomplete_details, model_version=version)
 
     async def _generate(self, backend: Backend, payload: dict[str, Any], chat_request: dict[str, Any],
                         previous: tuple[TokenRecord, list[dict[str, Any]]] | None) -> Turn:
@@ -206,7 +225,8 @@ class ChatCompletionsModel(ModelServer):
         if backend.capabilities.get("completions") is False:
             return None
         max_tokens = chat_request.get("max_tokens", self.config.default_max_output_tokens)
-        body: dict[str, Any] = {"model": self.config.model, "prompt": prompt_ids, "max_tokens": max_tokens,
+        body: dict[str, Any] = {"model": chat_request.get("model", self.config.model), "prompt": prompt_ids,
+                                "max_tokens": max_tokens,
                                 "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
         for key in ("temperature", "top_p", "seed", "stop"):
             if chat_request.get(key) is not None:
@@ -270,7 +290,8 @@ class ChatCompletionsModel(ModelServer):
     # ------------------------------------------------------------------ other routes
 
     async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
-        body = {**payload, "model": payload.get("model") or self.config.model}
+        adapter = self.adapter_for(payload)
+        body = {**payload, "model": self.served_model(adapter) if adapter else payload.get("model") or self.config.model}
 
         async def call(backend: Backend) -> dict[str, Any]:
             reply = await self._post(backend, "/chat/completions", body)

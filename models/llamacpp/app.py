@@ -8,6 +8,10 @@ so a rollout's turns form one token sequence with no re-tokenisation drift.
 
 Generation runs on one worker thread in FIFO order; `/health` answers while it generates, and a
 client that disconnects cancels its generation.
+
+LoRA adapters (a PEFT folder, converted once to a GGUF LoRA, or a GGUF LoRA) are loaded while the
+server runs through vLLM's `/v1/load_lora_adapter` (see `rollgym.adapters`) and applied per
+generation, without reloading the model.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from fastapi import FastAPI, Request
 from pydantic import Field
 
 from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
+from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.chat_conversion import ConversionError, responses_to_chat_request
 from rollgym.sequences import previous_turn
 from rollgym.server import JSONBytesResponse, read_json
 
+from .attach import LoraError
 from .engine import ContextLengthError, GenerationResult, LlamaEngine, bundled_model_path
 from .generation_queue import GenerationQueue
+from .lora import AdapterError, BaseModelInfo, gguf_lora_path
 
 
 class LlamaCppConfig(ServerConfig):
@@ -46,7 +53,9 @@ class LlamaCppModel(ModelServer):
     async def startup(self) -> None:
         config = self.config
         path = config.model_path or bundled_model_path()
+        self.model_path = path
         self.model_name = config.model_name or Path(path).stem
+        self._base_info: BaseModelInfo | None = None
         # Loading reads ~100 MB: off the event loop.
         self.engine = await asyncio.to_thread(
             LlamaEngine, model_path=path, n_ctx=config.n_ctx, n_threads=config.n_threads, seed=config.seed
@@ -61,7 +70,29 @@ class LlamaCppModel(ModelServer):
     def model_names(self) -> list[str]:
         return [getattr(self, "model_name", self.name)]
 
+    async def attach_adapter(self, request: LoadLoraAdapterRequest) -> Any:
+        """Convert (PEFT) and initialise the adapter beside generation; the worker applies it per request."""
+        try:
+            if self._base_info is None:
+                self._base_info = BaseModelInfo.from_metadata(self.engine.metadata, Path(self.model_path).name)
+            lora_file, _ = await asyncio.to_thread(gguf_lora_path, request.lora_path, self._base_info)
+            return await asyncio.to_thread(self.engine.loras.init, lora_file)
+        except AdapterError as exc:
+            raise BadRequest(str(exc), field="lora_path", status=exc.status) from None
+        except LoraError as exc:
+            raise BadRequest(str(exc), field="lora_path", status=400) from None
+        except ImportError as exc:
+            raise BadRequest(f"converting a PEFT adapter needs {exc.name}: pip install 'rollgym[llamacpp]'",
+                             field="lora_path", status=400) from None
+
+    async def detach_adapter(self, adapter: Adapter) -> None:
+        # Queued behind every request that may still use it (FIFO), so none loses its weights mid-way.
+        await self.queue.run(lambda: self.engine.loras.free(adapter.handle))
+        return None
+
     async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
+        adapter = self.adapter_for(payload)
+        model, version = (adapter.name if adapter else self.model_name), self.version_of(adapter)
         try:
             chat = responses_to_chat_request(payload)
             previous = previous_turn(payload)
@@ -72,28 +103,34 @@ class LlamaCppModel(ModelServer):
                 **self._sampling(chat),
                 prefix=(previous[0].prompt, previous[0].generation) if previous else None,
                 prefix_message_index=len(previous[1]) - 1 if previous else None,
+                lora=adapter.handle if adapter else None,
             )
         except ContextLengthError:
-            return build_response(payload, [], model=self.model_name, status="incomplete",
-                                  incomplete_details={"reason": "max_output_tokens"})
+            return build_response(payload, [], model=model, status="incomplete",
+                                  incomplete_details={"reason": "max_output_tokens"}, model_version=version)
         except ValueError as exc:
             raise BadRequest(str(exc), field="tool_choice") from None
         output = output_items(result)
         usage = {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
                  "input_tokens_details": {"cached_tokens": result.cached_tokens}}
         incomplete = result.finish_reason == "length"
-        return build_response(payload, output, model=self.model_name, usage=usage,
+        return build_response(payload, output, model=model, usage=usage,
                               status="incomplete" if incomplete else "completed",
-                              incomplete_details={"reason": "max_output_tokens"} if incomplete else None)
+                              incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+                              model_version=version)
 
     async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
+        adapter = self.adapter_for(payload)
         try:
-            result = await self.queue.submit(**self._sampling(payload))
+            result = await self.queue.submit(**self._sampling(payload), lora=adapter.handle if adapter else None)
         except ContextLengthError as exc:
             raise BadRequest(str(exc), field="messages") from None
         except ValueError as exc:
             raise BadRequest(str(exc), field="tool_choice") from None
-        return chat_completion(result, self.model_name, with_logprobs=bool(payload.get("logprobs")))
+        answer = chat_completion(result, adapter.name if adapter else self.model_name,
+                                 with_logprobs=bool(payload.get("logprobs")))
+        answer["model_version"] = self.version_of(adapter)
+        return answer
 
     def add_routes(self, app: FastAPI) -> None:
         super().add_routes(app)

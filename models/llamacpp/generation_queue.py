@@ -23,6 +23,7 @@ class _Job:
     cancel: threading.Event
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[GenerationResult]
+    call: Callable[[], Any] | None = None
 
 
 class GenerationQueue:
@@ -66,6 +67,15 @@ class GenerationQueue:
             job.cancel.set()  # checked by the worker before starting and between tokens
             raise
 
+    async def run(self, call: Callable[[], Any]) -> Any:
+        """Run `call()` on the worker thread after every request queued before it (FIFO); its result."""
+        if self._closed:
+            raise RuntimeError("GenerationQueue is closed")
+        loop = asyncio.get_running_loop()
+        job = _Job(kwargs={}, cancel=threading.Event(), loop=loop, future=loop.create_future(), call=call)
+        self._jobs.put(job)
+        return await job.future
+
     @property
     def running(self) -> bool:
         """Whether the worker is generating right now."""
@@ -91,12 +101,15 @@ class GenerationQueue:
             outcome: GenerationResult | BaseException
             self._running = True
             try:
-                outcome = self.engine.generate(**job.kwargs, cancel_event=job.cancel)
+                if job.call is not None:
+                    outcome = job.call()
+                else:
+                    outcome = self.engine.generate(**job.kwargs, cancel_event=job.cancel)
             except Exception as error:  # delivered to the awaiting task
                 outcome = error
             finally:
                 self._running = False
-            if self._on_result is not None:
+            if self._on_result is not None and job.call is None:
                 # A broken hook must not kill the only worker thread.
                 with contextlib.suppress(Exception):
                     self._on_result(job.kwargs, outcome)

@@ -1,0 +1,169 @@
+"""LoRA adapters on a model server: vLLM's runtime routes, the registry of what is loaded, versions.
+
+Every model server speaks vLLM's adapter API, so one trainer drives the embedded model and a GPU fleet:
+
+* `POST /v1/load_lora_adapter` `{"lora_name", "lora_path", "load_inplace"?}` loads an adapter (a
+  name already loaded is 400 unless `load_inplace: true`, which replaces its weights, as in vLLM);
+* `POST /v1/unload_lora_adapter` `{"lora_name"}` unloads one (404 when it is not loaded);
+* `GET /v1/models` lists the base model and every adapter.
+
+A request's `model` picks the weights: an adapter's name → that adapter; the base model's name →
+the base weights; anything else (no `model`, another name) → the *policy*, the adapter loaded most
+recently (the base when none is), so a trainer that publishes a new adapter moves every following
+rollout onto it without rewriting the task rows. Each load gets the next number of a counter that
+only grows, and the weights that answered a request are named by `model_version`: `name@N` for an
+adapter, the base model's name for the base.
+
+Swaps are atomic from the caller's side: a request resolves its adapter once, on arrival, and keeps
+that object to the end; a load replaces the registry entry only after the new weights are attached,
+so a request that arrives after the load's 200 gets them, one in flight finishes on the old ones, and
+a failed load changes nothing. The weights themselves are the server's business
+(`ModelServer.attach_adapter` / `detach_adapter`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's `LoadLoRAAdapterRequest`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+    load_inplace: bool = False
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """vLLM's `UnloadLoRAAdapterRequest` (`lora_int_id` is accepted and ignored, as vLLM does)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_int_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One loaded adapter: what it is called, where it came from, its load number and the server's handle."""
+
+    name: str
+    path: str
+    load_id: int
+    handle: Any = field(default=None, compare=False, repr=False)
+    loaded_at: float = field(default_factory=time.time)
+    load_s: float = 0.0
+
+    @property
+    def version(self) -> str:
+        return f"{self.name}@{self.load_id}"
+
+
+class AdapterRegistry:
+    """The adapters a model server holds, by name; mutated only on the event loop, so swaps are atomic."""
+
+    def __init__(self) -> None:
+        self._adapters: dict[str, Adapter] = {}
+        self._counter = 0
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._adapters
+
+    def __len__(self) -> int:
+        return len(self._adapters)
+
+    def get(self, name: str) -> Adapter | None:
+        return self._adapters.get(name)
+
+    def all(self) -> list[Adapter]:
+        """Loaded adapters, oldest load first."""
+        return sorted(self._adapters.values(), key=lambda adapter: adapter.load_id)
+
+    def next_id(self) -> int:
+        self._counter += 1
+        return self._counter
+
+    def put(self, adapter: Adapter) -> Adapter | None:
+        """Serve `adapter` under its name from now on; returns the adapter it replaced, if any."""
+        previous = self._adapters.get(adapter.name)
+        self._adapters[adapter.name] = adapter
+        return previous
+
+    def pop(self, name: str) -> Adapter | None:
+        return self._adapters.pop(name, None)
+
+    def policy(self) -> Adapter | None:
+        """The adapter loaded most recently (None: the base weights)."""
+        return max(self._adapters.values(), key=lambda adapter: adapter.load_id, default=None)
+
+    def resolve(self, model: Any, base_names: list[str]) -> Adapter | None:
+        """The adapter that serves a request for `model` (None: the base weights)."""
+        if isinstance(model, str):
+            if model in self._adapters:
+                return self._adapters[model]
+            if model in base_names:
+                return None
+        return self.policy()
+
+
+def model_card(adapter: Adapter, parent: str) -> dict[str, Any]:
+    """An adapter's entry in `GET /v1/models` (vLLM's ModelCard fields, plus its version)."""
+    return {"id": adapter.name, "object": "model", "created": int(adapter.loaded_at), "owned_by": "rollgym",
+            "root": adapter.path, "parent": parent, "model_version": adapter.version}
+
+
+def stamp_version(items: list[dict[str, Any]], version: str | None) -> list[dict[str, Any]]:
+    """Put `model_version` on every generated item that does not carry one yet."""
+    if version is not None:
+        for item in items:
+            if isinstance(item, dict):
+                item.setdefault("model_version", version)
+    return items
+
+
+async def publish(registry: Mapping[str, Any], action: str, body: dict[str, Any] | None = None,
+                  servers: list[str] | None = None, *, timeout_s: float = 600.0) -> list[dict[str, Any]]:
+    """Call an adapter route on every replica of the stack's model servers (or of `servers`).
+
+    `action` is "load" or "unload" (POST `/v1/{action}_lora_adapter` with `body`) or "list" (GET
+    `/v1/models`). Returns one `{server, url, status, answer}` per replica, in registry order; a
+    replica that does not answer has status 0 and the reason as its answer.
+    """
+    from .client import ServerCallError, ServerClient
+
+    names = servers if servers is not None else [name for name, address in registry.items()
+                                                 if address.role in ("models", "")]
+    unknown = [name for name in names if name not in registry]
+    if unknown:
+        raise KeyError(f"no server named {', '.join(map(repr, unknown))} in the registry; "
+                       f"its servers: {', '.join(registry)}")
+    client = ServerClient(timeout_s=timeout_s, max_retries=1)
+
+    async def one(name: str, url: str) -> dict[str, Any]:
+        token = registry[name].auth_token
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        try:
+            if action == "list":
+                reply = await client.get(url, "/v1/models", headers=headers)
+            else:
+                reply = await client.post(url, f"/v1/{action}_lora_adapter", json=body, headers=headers)
+        except ServerCallError as exc:
+            return {"server": name, "url": url, "status": 0, "answer": str(exc)}
+        try:
+            answer: Any = reply.json()
+        except ValueError:
+            answer = reply.text
+        return {"server": name, "url": url, "status": reply.status,
+                "answer": answer if reply.ok else reply.error_message()}
+
+    try:
+        return list(await asyncio.gather(*(one(name, url) for name in names for url in registry[name].urls)))
+    finally:
+        await client.close()
