@@ -12,6 +12,15 @@ Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``GET /scripted/requests`` (the last 500 request bodies, with their paths) and
 ``POST /scripted/clear``.
 
+LoRA adapters, as vLLM (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and SGLang load them at run time:
+vLLM shape ``POST /v1/load_lora_adapter`` ``{lora_name, lora_path, load_inplace}`` (200 with a
+sentence; 400 when the name is taken without ``load_inplace``; 404 when the path does not exist) and
+``/v1/unload_lora_adapter`` (404 for an unknown name); SGLang shape ``POST /load_lora_adapter`` and
+``/unload_lora_adapter`` answering ``{success, error_message, loaded_adapters}``. ``GET /v1/models``
+lists them. A request selects one with ``model: NAME`` (vLLM) or ``model: BASE:NAME`` (SGLang); the
+toy model then answers ``[NAME] `` before its scripted text (tool calls are unchanged) and its
+logprobs are drawn with another seed, so a test can see which weights answered.
+
 Script for ``/v1/chat/completions`` (first match wins):
 1. ``tool_choice`` forcing ``{"type":"function","function":{"name":N}}`` -> a call to N
    (``{"city": CITY}`` for get_weather, else ``{}``). ``"required"`` calls get_weather if
@@ -93,6 +102,7 @@ import secrets
 import signal
 import sys
 import time
+import zlib
 from typing import Any
 
 import orjson
@@ -122,6 +132,7 @@ _MERGE_BYTES = {MERGE_BASE + k: pair.encode() for k, pair in enumerate(MERGES)}
 _CONFIG = web.AppKey("scripted_config", dict)
 _RNG = web.AppKey("scripted_rng", random.Random)
 _LOG = web.AppKey("scripted_log", collections.deque)
+_ADAPTERS = web.AppKey("scripted_adapters", dict)
 
 
 def _json_response(payload: Any, status: int = 200) -> web.Response:
@@ -426,9 +437,16 @@ def _chat_logprob_entries(gen_ids: list[int], seed: int, as_ids: bool) -> list[d
     return entries
 
 
+def with_adapter(content: str | None, seed: int, adapter: str | None) -> tuple[str | None, int]:
+    """What an adapter changes in the toy model: its name before the text, and the logprob seed."""
+    if adapter is None:
+        return content, seed
+    return (f"[{adapter}] {content}" if content else content), seed + zlib.crc32(adapter.encode())
+
+
 def build_completion(
     req: dict[str, Any], *, token_info: bool, seed: int, shape: str = "vllm", drift: bool = False,
-    weight_version: str | None = None, prompt_ids: list[int] | None = None,
+    weight_version: str | None = None, prompt_ids: list[int] | None = None, adapter: str | None = None,
 ) -> dict[str, Any]:
     """Chat request dict -> vLLM-shaped (or SGLang-shaped) ChatCompletion dict.
 
@@ -442,6 +460,7 @@ def build_completion(
         messages, tools = parse_prompt(decode(prompt_ids))
         script_req = {**req, "messages": messages, "tools": tools}
     content, tool_calls, finish = script_reply(script_req)
+    content, seed = with_adapter(content, seed, adapter)
     thought = script_thought(script_req.get("messages") or [])
     gen_ids = tokenize(_assistant_body(content, tool_calls, thought))
     n_prompt, n_gen = len(prompt_ids), len(gen_ids)
@@ -499,11 +518,13 @@ def build_completion(
     }
 
 
-def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: int, shape: str) -> dict[str, Any]:
+def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: int, shape: str,
+                          adapter: str | None = None) -> dict[str, Any]:
     """A /v1/completions request whose prompt is ``prompt_ids`` -> vLLM's CompletionResponse dict."""
     messages, tools = parse_prompt(decode(prompt_ids))
     max_tokens = req.get("max_tokens", 16)  # vLLM's default for completions
     content, tool_calls, finish = script_reply({"messages": messages, "tools": tools, "max_tokens": max_tokens})
+    content, seed = with_adapter(content, seed, adapter)
     if finish == "tool_calls":
         finish = "stop"  # a completions endpoint parses nothing
     text = _assistant_body(content, tool_calls, script_thought(messages))
@@ -544,8 +565,67 @@ async def _health(_: web.Request) -> web.Response:
     return web.Response(body=_HEALTH_BODY, content_type=_JSON)
 
 
-async def _models(_: web.Request) -> web.Response:
-    return web.Response(body=_MODELS_BODY, content_type=_JSON)
+async def _models(request: web.Request) -> web.Response:
+    adapters = request.app[_ADAPTERS]
+    if not adapters:
+        return web.Response(body=_MODELS_BODY, content_type=_JSON)
+    cards = [{"id": name, "object": "model", "owned_by": "rollgym", "root": path, "parent": "scripted"}
+             for name, path in adapters.items()]
+    return _json_response({"object": "list", "data": [*orjson.loads(_MODELS_BODY)["data"], *cards]})
+
+
+def _adapter_of(app: web.Application, model: Any) -> str | None:
+    """The loaded adapter a request's ``model`` names (vLLM: NAME, SGLang: BASE:NAME), else None."""
+    if not isinstance(model, str):
+        return None
+    name = model.rsplit(":", 1)[-1] if app[_CONFIG]["shape"] == "sglang" else model
+    return name if name in app[_ADAPTERS] else None
+
+
+async def _load_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's or SGLang's runtime LoRA loading: the path must exist; a taken name needs load_inplace."""
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    sglang = request.app[_CONFIG]["shape"] == "sglang"
+    adapters = request.app[_ADAPTERS]
+    name = req.get("lora_name") if isinstance(req, dict) else None
+    path = req.get("lora_path") if isinstance(req, dict) else None
+
+    def refuse(status: int, message: str, err_type: str) -> web.Response:
+        if sglang:
+            return _json_response({"success": False, "error_message": message, "loaded_adapters": adapters},
+                                  status=400)
+        return _error(status, message, err_type)
+
+    if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+        return refuse(400, "Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput")
+    if name in adapters and not req.get("load_inplace"):
+        return refuse(400, f"The lora adapter '{name}' has already been loaded.", "InvalidUserInput")
+    if not os.path.exists(path):
+        return refuse(404, f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError")
+    adapters[name] = path
+    if sglang:
+        return _json_response({"success": True, "error_message": "", "loaded_adapters": adapters})
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def _unload_lora_adapter(request: web.Request) -> web.Response:
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    adapters = request.app[_ADAPTERS]
+    name = req.get("lora_name") if isinstance(req, dict) else None
+    if name not in adapters:
+        message = f"The lora adapter '{name}' cannot be found."
+        if request.app[_CONFIG]["shape"] == "sglang":
+            return _json_response({"success": False, "error_message": message, "loaded_adapters": adapters},
+                                  status=400)
+        return _error(404, message, "NotFoundError")
+    del adapters[name]
+    if request.app[_CONFIG]["shape"] == "sglang":
+        return _json_response({"success": True, "error_message": "", "loaded_adapters": adapters})
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
@@ -606,7 +686,7 @@ async def _chat_completions(request: web.Request) -> web.Response:
         return too_long
     return _json_response(build_completion(
         req, token_info=cfg["token_info"], seed=cfg["seed"], shape=cfg["shape"], drift=cfg["drift"],
-        weight_version=cfg["weight_version"], prompt_ids=input_ids,
+        weight_version=cfg["weight_version"], prompt_ids=input_ids, adapter=_adapter_of(request.app, req.get("model")),
     ))
 
 
@@ -631,7 +711,8 @@ async def _completions(request: web.Request) -> web.Response:
     too_long = _context_error(cfg, len(prompt_ids), req.get("max_tokens", 16))
     if too_long is not None:
         return too_long
-    return _json_response(build_text_completion(req, prompt_ids, seed=cfg["seed"], shape=cfg["shape"]))
+    return _json_response(build_text_completion(req, prompt_ids, seed=cfg["seed"], shape=cfg["shape"],
+                                                adapter=_adapter_of(request.app, req.get("model"))))
 
 
 async def _tokenize(request: web.Request) -> web.Response:
@@ -714,6 +795,13 @@ def build_app(
     }
     app[_RNG] = random.Random(seed)
     app[_LOG] = collections.deque(maxlen=500)
+    app[_ADAPTERS] = {}
+    if shape == "sglang":
+        app.router.add_post("/load_lora_adapter", _load_lora_adapter)
+        app.router.add_post("/unload_lora_adapter", _unload_lora_adapter)
+    else:
+        app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/chat/completions", _chat_completions)
