@@ -112,7 +112,7 @@ def test_openai_backend_cannot_load_and_auth_guards_the_routes(tmp_path: Path) -
 
 def test_load_while_32_rollouts_are_in_flight(tmp_path: Path) -> None:
     with ExitStack() as stack:
-        backend = stack.enter_context(scripted_backend("--token-info", "--latency-ms", "300"))
+        backend = stack.enter_context(scripted_backend("--token-info", "--latency-ms", "1000"))
         model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
                                      name="policy_model")
         model_url = stack.enter_context(serve_in_thread(model))
@@ -126,7 +126,9 @@ def test_load_while_32_rollouts_are_in_flight(tmp_path: Path) -> None:
         async def scenario() -> list[dict[str, Any]]:
             async with httpx.AsyncClient(timeout=60) as http:
                 runs = [asyncio.create_task(http.post(f"{agent_url}/run", json=REVERSE)) for _ in range(16)]
-                await asyncio.sleep(0.1)  # these are waiting on the backend now
+                log = backend.removesuffix("/v1") + "/scripted/requests"
+                while len((await http.get(log)).json()["requests"]) < 16:  # all 16 are at the backend now
+                    await asyncio.sleep(0.02)
                 loaded = await http.post(f"{model_url}/v1/load_lora_adapter",
                                          json={"lora_name": "hot", "lora_path": str(tmp_path)})
                 assert loaded.status_code == 200, loaded.text
@@ -136,7 +138,7 @@ def test_load_while_32_rollouts_are_in_flight(tmp_path: Path) -> None:
         results = asyncio.run(scenario())
     assert [r["status"] for r in results] == ["ok"] * 32
     versions = [r["response"]["output"][-1]["model_version"] for r in results]
-    assert versions[:16].count("scripted") >= 8 and versions[16:] == ["hot@1"] * 16
+    assert versions == ["scripted"] * 16 + ["hot@1"] * 16
     for result, version in zip(results, versions):  # each item's version is the weights that sampled it
         text = answer_text(result["response"])
         assert text == ("[hot] egdirb" if version == "hot@1" else "egdirb"), (version, text)

@@ -210,7 +210,7 @@ def test_rollout_across_a_swap_shows_both_versions(served: Any, client: httpx.Cl
                             "tool_choice": {"type": "function", "name": "get_weather"}, "max_output_tokens": 40,
                             "temperature": 0},
                         "city": "Paris", "expected": ["sunny"]}))
-                    while model.queue.queued < 1:
+                    while not (model.queue.running and model.queue.queued >= 1):  # both submitted
                         await asyncio.sleep(0.01)
                     loaded = await http.post(f"{url}/v1/load_lora_adapter",
                                              json={"lora_name": "mid-run", "lora_path": str(adapter)})
