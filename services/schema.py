@@ -135,9 +135,10 @@ class ResponsesCreateParams(BaseModel):
 
 
 class ModelResponse(Response):
-    """A Responses API response whose output items may carry token fields."""
+    """A Responses API response whose output items may carry token fields, and the weights that made it."""
 
     output: list[OutputItem]  # type: ignore[assignment]
+    model_version: str | None = None
 
 
 class RunRequest(BaseModel):

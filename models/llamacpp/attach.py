@@ -18,7 +18,7 @@ from typing import Any
 import llama_cpp
 
 
-class LoraError(ValueError):
+class LoraError(RuntimeError):
     """llama.cpp refused an adapter file."""
 
 

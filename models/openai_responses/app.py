@@ -136,6 +136,8 @@ class OpenAIResponsesModel(ModelServer):
         for item in data.get("output") or []:
             if isinstance(item, dict) and item.get("type") in ("message", "function_call", "reasoning") and version:
                 item["model_version"] = str(version)
+        if version:
+            data["model_version"] = str(version)  # on the Response too, as every model server reports it
         data.setdefault("parallel_tool_calls", True)
         data.setdefault("tool_choice", "auto")
         data.setdefault("tools", [])

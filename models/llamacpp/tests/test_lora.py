@@ -60,6 +60,7 @@ def peft_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     import trl_grpo
 
     model, _ = trl_grpo.load_gguf_policy(bundled_model_path(), hf_cache())
+    torch.manual_seed(0)  # PEFT draws A from the global generator: the same adapter on every run
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS))
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():

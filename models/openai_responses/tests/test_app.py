@@ -121,6 +121,7 @@ def test_passthrough_strips_what_openai_rejects() -> None:
     ModelResponse.model_validate(first.json())
     ModelResponse.model_validate(second.json())
     assert call["type"] == "function_call" and call["model_version"] == "gpt-scripted-2025-01-01"
+    assert first.json()["model_version"] == "gpt-scripted-2025-01-01"
     assert second.json()["output"][0]["content"][0]["text"] == "The weather: sunny"
     sent_first, sent_second = backend.requests
     assert sent_first["model"] == "gpt-test" and "seed" not in sent_first and sent_first["max_output_tokens"] == 50
