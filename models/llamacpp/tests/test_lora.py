@@ -7,12 +7,13 @@ and transformers + PEFT scores the very same token ids.
 
 The served base is Q4_1-quantized, so served and fp32 logprobs never agree exactly. The criterion is
 stated against that floor, measured in the same test: the base served vs fp32 on the base's own
-greedy tokens gives the per-token gap due to quantization (mean ~0.1 nats here); with the adapter,
-served vs PEFT must stay within that floor plus a small tolerance (mean <= floor mean × 2 + 0.05,
-max <= floor max + 0.75: the adapter's f32 matrices sit on quantized weights, so errors add a
-little), while the adapter itself moves the fp32 model by much more (PEFT vs fp32 base, mean >= 5×
-the served-vs-PEFT gap). The same adapter converted with the q/k permutation left out, or with its
-alpha dropped, must fail the criterion: that is checked here too.
+greedy tokens gives the per-token gap due to quantization (mean 0.061, max 0.32 nats). With the
+adapter, served vs PEFT must stay near that floor: mean <= 2 × floor mean + 0.05 and max <= floor
+max + 0.75 (the adapter's f32 matrices sit on quantized weights, so their errors add a little, and
+one token near a tie can swing; measured: mean 0.056, max 0.24), while the adapter itself moves the
+fp32 model far more (PEFT vs fp32 base on the same ids, mean >= 5 × the served-vs-PEFT gap;
+measured 0.64). The same adapter converted without the q/k permutation (mean 0.52, max 2.4) or
+without its alpha (mean 0.85, max 3.2) fails the criterion: that is checked here too.
 """
 
 from __future__ import annotations
