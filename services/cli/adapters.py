@@ -37,16 +37,13 @@ def register(commands: Any) -> None:
 
 
 def _registry(args: argparse.Namespace) -> dict[str, Any]:
-    from ..client import registry_from_json
+    from ..client import load_registry_file
 
     if args.registry_file:
-        path = Path(args.registry_file)
         try:
-            return registry_from_json(json.loads(path.read_text()))
-        except FileNotFoundError:
-            raise UsageError(f"--registry-file {path}: no such file (write one with `rollgym run --registry-file`)") from None
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise UsageError(f"--registry-file {path}: not a registry JSON file ({exc})") from None
+            return load_registry_file(args.registry_file)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     registry = env_registry()
     if registry is None:
         raise UsageError("say which stack: --registry-file FILE (written by `rollgym run --registry-file`)")
