@@ -1,0 +1,412 @@
+// rollgym view: one page, routed by the URL hash. Every text from a rollout goes in via textContent.
+"use strict";
+
+const REFRESH_MS = 4000; // re-read the files while a run is still being written
+const main = document.getElementById("main");
+let timer = null;
+let charts = [];
+
+// --- small DOM helpers -------------------------------------------------------------------------
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+const fmt = (v, digits = 3) => (v === null || v === undefined || Number.isNaN(v)) ? "–"
+  : (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(digits)) : String(v));
+const figure = (label, value) => el("div", { class: "figure" }, el("b", { text: value }), el("span", { text: label }));
+const statusBadge = (s) => el("span", { class: `status ${s}`, text: s });
+
+async function api(path) {
+  const response = await fetch(path, { headers: { accept: "application/json" } });
+  const body = await response.json().catch(() => null);
+  if (!response.ok) throw new Error((body && body.error && body.error.message) || `${response.status} ${path}`);
+  return body;
+}
+
+function crumbs(...parts) {
+  const nav = document.getElementById("crumbs");
+  nav.replaceChildren();
+  parts.forEach(([label, href], i) => {
+    if (i) nav.append(el("span", { class: "sep", text: "›" }));
+    nav.append(href ? el("a", { href, text: label }) : el("span", { text: label }));
+  });
+}
+
+function showError(error) {
+  main.replaceChildren(el("p", { class: "error", text: `could not load: ${error.message}` }));
+}
+
+// --- charts (uPlot) ----------------------------------------------------------------------------
+function chartBox(title, width = 420, height = 200) {
+  const box = el("div", { class: "chart", "data-chart": title }, el("div", { class: "title", text: title }));
+  return { box, width, height };
+}
+
+function barChart(target, title, edges, counts, xLabel) {
+  const { box, width, height } = chartBox(title);
+  target.append(box);
+  if (!counts.length) { box.append(el("p", { class: "muted", text: "no values yet" })); return; }
+  const mids = counts.map((_, i) => (edges[i] + edges[i + 1]) / 2);
+  const step = edges[1] - edges[0];
+  charts.push(new uPlot({
+    width, height, legend: { show: false },
+    scales: { x: { time: false, range: [edges[0] - step / 2, edges[edges.length - 1] + step / 2] } },
+    axes: [{ label: xLabel }, { label: "rollouts" }],
+    series: [{}, { label: "rollouts", fill: "rgba(47,111,219,0.45)", stroke: "#2f6fdb",
+                   paths: uPlot.paths.bars({ size: [0.9, Infinity] }), points: { show: false } }],
+  }, [mids, counts], box));
+}
+
+const PALETTE = ["#2f6fdb", "#2e9d57", "#d98b2b", "#b06ad9", "#c23b3b", "#3aa6b9", "#7a828c"];
+function lineChart(target, title, xs, named, xLabel, yLabel) {
+  const { box, width, height } = chartBox(title, 460, 220);
+  target.append(box);
+  const names = Object.keys(named);
+  if (!xs.length || !names.length) { box.append(el("p", { class: "muted", text: "no values yet" })); return; }
+  charts.push(new uPlot({
+    width, height, scales: { x: { time: false } },
+    axes: [{ label: xLabel }, { label: yLabel }],
+    series: [{ label: xLabel }, ...names.map((name, i) => ({
+      label: name, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 6 }, spanGaps: true }))],
+  }, [xs, ...names.map((n) => named[n])], box));
+}
+
+// --- pages -------------------------------------------------------------------------------------
+async function pageRuns() {
+  crumbs(["runs", null]);
+  const data = await api("api/runs");
+  const parts = [];
+  for (const run of data.runs) {
+    const card = el("div", { class: "card run", "data-run": run.id });
+    card.append(el("h2", {}, el("a", { href: `#/run/${run.id}`, text: run.label })));
+    const passes = Object.entries(run.pass_at_k).map(([k, v]) => figure(`${k} (reward ≥ ${run.pass_threshold})`, fmt(v)));
+    card.append(el("div", { class: "figures" },
+      figure("rollouts", fmt(run.rollouts)), figure("groups", fmt(run.groups)),
+      figure("mean reward", fmt(run.mean_reward)), figure("reward std", fmt(run.reward_std)), ...passes,
+      figure("failed attempts", fmt(run.failed)), figure("output tokens / rollout", fmt(run.tokens.output_mean, 1)),
+      figure("latency p50 / p95 / p99 (s)", ["p50", "p95", "p99"].map((q) => fmt(run.latency_s[q], 2)).join(" / "))));
+    const statuses = Object.entries(run.status_counts).map(([s, n]) => el("span", {}, statusBadge(s), ` ${n}  `));
+    const failed = Object.entries(run.failure_status_counts).map(([s, n]) => el("span", {}, statusBadge(s), ` ${n}  `));
+    card.append(el("div", {}, el("span", { class: "muted", text: "statuses: " }), statuses,
+      failed.length ? el("span", { class: "muted", text: "  failures: " }) : null, failed));
+    if (run.environments.length) card.append(el("div", { class: "muted", text: `environments: ${run.environments.join(", ")}` }));
+    if (run.model_versions.length) card.append(el("div", { class: "muted", text: `model versions: ${run.model_versions.join(", ")}` }));
+    if (!run.indexed_complete) card.append(el("div", { class: "muted", text: "indexing… (figures so far)" }));
+    if (run.bad_lines) card.append(el("div", { class: "error", text: `${run.bad_lines} line(s) are not JSON rollouts (skipped)` }));
+    const chartRow = el("div", { class: "charts" });
+    card.append(chartRow);
+    parts.push([card, run, chartRow]);
+  }
+  const trainingCards = data.trainings.map((t) => el("div", { class: "card training", "data-training": t.id },
+    el("h2", {}, el("a", { href: `#/training/${t.id}`, text: `training: ${t.label}` }))));
+  destroyCharts();
+  main.replaceChildren(...trainingCards, ...parts.map(([card]) => card));
+  if (!data.runs.length && !data.trainings.length) main.append(el("p", { class: "muted", text: "nothing to show" }));
+  for (const [, run, chartRow] of parts) {
+    const c = await api(`api/runs/${run.id}/charts`);
+    barChart(chartRow, "reward histogram", c.reward.edges, c.reward.counts, "reward");
+    const ks = Object.keys(run.pass_at_k);
+    lineChart(chartRow, "pass@k", ks.map((k) => Number(k.slice(5))), { "pass@k": ks.map((k) => run.pass_at_k[k]) }, "k", "pass@k");
+    barChart(chartRow, "latency distribution", c.latency.edges, c.latency.counts, "latency (s)");
+  }
+  for (const t of data.trainings) {
+    const card = trainingCards.find((c) => c.dataset.training === t.id);
+    await renderTraining(card, t.id, true);
+  }
+  live(data.runs.some((r) => !r.indexed_complete) ? "indexing…" : "");
+}
+
+async function renderTraining(card, id, compact) {
+  const t = await api(`api/trainings/${id}`);
+  const h = t.history;
+  const row = el("div", { class: "charts" });
+  card.append(row);
+  if (!h || !h.rows) {
+    card.append(el("p", { class: "muted", text: "history.jsonl has no epochs yet" }));
+  } else {
+    const pick = (names) => Object.fromEntries(names.map((n) => [n, h.series[n]]));
+    lineChart(row, "reward per epoch", h.x, pick(h.reward), "epoch", "reward");
+    if (h.pass.length) lineChart(row, "pass@k per epoch", h.x, pick(h.pass), "epoch", "pass@k");
+    if (h.timings.length) lineChart(row, "phase timings per epoch", h.x, pick(h.timings), "epoch", "seconds");
+    if (!compact && h.timings.length) {
+      const table = el("table", {}, el("tr", {}, el("th", { text: "epoch" }), h.timings.map((n) => el("th", { text: n }))));
+      h.x.forEach((x, i) => table.append(el("tr", {}, el("td", { class: "num", text: fmt(x) }),
+        h.timings.map((n) => el("td", { class: "num", text: fmt(h.series[n][i], 2) })))));
+      card.append(el("h3", { text: "phase timings (s)" }), table);
+    }
+    for (const bad of h.bad_lines) card.append(el("div", { class: "error", text: `history.jsonl ${bad}` }));
+  }
+  if (t.runs.length) card.append(el("div", {}, el("span", { class: "muted", text: "rollouts: " }),
+    t.runs.map((r) => el("a", { href: `#/run/${r}`, text: `${r} ` }))));
+  if (t.plot && !compact) card.append(el("h3", { text: "reward.png" }),
+    el("img", { class: "plot", src: `api/trainings/${id}/plot?t=${Date.now()}`, alt: "reward per epoch" }));
+}
+
+async function pageTraining(id) {
+  crumbs(["runs", "#/"], [`training ${id}`, null]);
+  const card = el("div", { class: "card training", "data-training": id });
+  destroyCharts();
+  main.replaceChildren(card);
+  await renderTraining(card, id, false);
+}
+
+const COLUMNS = [
+  ["line", "#", "line"], ["rollout_id", "rollout", null], ["group_id", "group", "group"], ["env", "environment", null],
+  ["reward", "reward", "reward"], ["status", "status", "status"], ["prefix_ok", "prefix", null],
+  ["model_version", "version", null], ["turns", "turns", "turns"], ["tool_calls", "tools", null],
+  ["output_tokens", "out tok", "output_tokens"], ["latency_s", "latency s", "latency"], ["answer", "answer / error", null],
+];
+
+async function pageRollouts(runId, params) {
+  crumbs(["runs", "#/"], [runId, null]);
+  const query = new URLSearchParams(params);
+  if (!query.get("limit")) query.set("limit", "50");
+  const data = await api(`api/runs/${runId}/rollouts?${query}`);
+  const form = filterForm(runId, query, data.choices);
+  const table = el("table", { class: "rollouts" });
+  const sort = query.get("sort") || "line";
+  const desc = query.get("desc") === "true";
+  table.append(el("tr", {}, COLUMNS.map(([, label, key]) => {
+    const th = el("th", { class: key ? `sortable${key === sort ? " sorted" : ""}` : null,
+                          text: label + (key === sort ? (desc ? " ▼" : " ▲") : "") });
+    if (key) th.addEventListener("click", () => {
+      query.set("sort", key); query.set("desc", key === sort ? String(!desc) : "false"); query.set("offset", "0");
+      location.hash = `#/run/${runId}?${query}`;
+    });
+    return th;
+  })));
+  for (const row of data.rows) {
+    const tr = el("tr", { class: "rollout", "data-line": row.line,
+                          onclick: () => { location.hash = `#/run/${runId}/rollout/${row.line}`; } });
+    for (const [field] of COLUMNS) {
+      let cell;
+      if (field === "status") cell = el("td", {}, statusBadge(row.status));
+      else if (field === "group_id") cell = el("td", {}, el("a", { href: `#/run/${runId}/group/${encodeURIComponent(row.group_id)}`,
+        text: row.group_id, onclick: (e) => e.stopPropagation() }));
+      else if (field === "answer") cell = el("td", { class: row.error ? "answer error" : "answer", text: row.error || row.answer });
+      else if (field === "line") cell = el("td", { class: "num", text: row.line + 1 });
+      else if (field === "prefix_ok") cell = el("td", { text: row.prefix_ok === null || row.prefix_ok === undefined ? "–" : row.prefix_ok ? "ok" : "broken" });
+      else cell = el("td", { class: typeof row[field] === "number" ? "num" : null, text: fmt(row[field]) });
+      tr.append(cell);
+    }
+    table.append(tr);
+  }
+  const offset = Number(query.get("offset") || 0), limit = Number(query.get("limit"));
+  const move = (to) => { query.set("offset", String(Math.max(0, to))); location.hash = `#/run/${runId}?${query}`; };
+  const pager = () => el("div", { class: "pager" },
+    el("button", { onclick: () => move(offset - limit), disabled: offset === 0 ? "disabled" : null, text: "‹ previous" }),
+    el("span", { class: "count", text: `${data.total ? offset + 1 : 0}–${Math.min(offset + limit, data.total)} of ${data.total}` +
+      (data.complete ? "" : ` (indexed ${data.indexed} lines so far)`) }),
+    el("button", { onclick: () => move(offset + limit), disabled: offset + limit >= data.total ? "disabled" : null, text: "next ›" }));
+  const failures = await api(`api/runs/${runId}/failures?limit=50`);
+  const failureTable = el("table", { class: "failures" },
+    el("tr", {}, ["rollout", "group", "attempt", "final", "status", "cause"].map((h) => el("th", { text: h }))),
+    failures.rows.map((f) => el("tr", {}, el("td", { text: fmt(f.rollout_id) }), el("td", { text: fmt(f.group_id) }),
+      el("td", { class: "num", text: fmt(f.attempt) }), el("td", { text: f.final ? "yes" : "retried" }),
+      el("td", {}, statusBadge(f.status || "?")), el("td", { class: "error", text: fmt(f.error) }))));
+  const bad = data.bad_lines.map((b) => el("div", { class: "error", text: `line ${b.line}: ${b.message}` }));
+  destroyCharts();
+  main.replaceChildren(form, pager(), table, pager(), ...bad,
+    el("h2", { text: `failures (${failures.total} attempts; never counted as reward)` }),
+    failures.total ? failureTable : el("p", { class: "muted", text: "none" }));
+  live(data.complete ? "" : "indexing…");
+}
+
+function filterForm(runId, query, choices) {
+  const select = (name, values, label) => el("label", {}, label, el("select", { name },
+    el("option", { value: "", text: "any" }),
+    values.map((v) => el("option", { value: v, text: v, selected: query.getAll(name).includes(v) ? "selected" : null }))));
+  const input = (name, label, attrs) => el("label", {}, label, el("input", { name, value: query.get(name) || "", ...attrs }));
+  const form = el("form", { class: "filters" },
+    select("status", choices.status, "status"),
+    input("reward_min", "reward ≥", { type: "number", step: "any" }),
+    input("reward_max", "reward ≤", { type: "number", step: "any" }),
+    input("group", "group", { type: "text" }),
+    select("env", choices.env, "environment / agent"),
+    select("prefix_ok", ["true", "false", "none"], "prefix ok"),
+    select("version", choices.version, "model version"),
+    el("button", { type: "submit", text: "filter" }),
+    el("a", { href: `#/run/${runId}`, text: "clear" }));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    for (const [key, value] of new FormData(form)) if (value !== "") next.append(key, value);
+    for (const key of ["sort", "desc", "limit"]) if (query.get(key)) next.set(key, query.get(key));
+    location.hash = `#/run/${runId}?${next}`;
+  });
+  return form;
+}
+
+// --- one rollout -------------------------------------------------------------------------------
+function textOf(content) {
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) return content.map((p) => (p && (p.text ?? p.refusal)) || "").join("");
+  return content === null || content === undefined ? "" : JSON.stringify(content);
+}
+
+function prettyJson(text) {
+  try { return JSON.stringify(JSON.parse(text), null, 2); } catch { return String(text); }
+}
+
+function message(kind, label, body, extra) {
+  return el("div", { class: `msg ${kind}` }, el("div", { class: "role" }, label, extra || null), body);
+}
+
+function conversation(row) {
+  const box = el("div", { class: "conversation" });
+  const params = row.responses_create_params || {};
+  if (params.instructions) box.append(message("system", "instructions", el("pre", { text: params.instructions })));
+  const input = typeof params.input === "string" ? [{ role: "user", content: params.input }] : (params.input || []);
+  const output = (row.response && row.response.output) || [];
+  for (const item of [...input, ...output.map((o) => ({ ...o, _generated: true }))]) box.append(renderItem(item));
+  return box;
+}
+
+function renderItem(item) {
+  const version = item.model_version ? el("span", { class: "muted", text: `  · ${item.model_version}` }) : null;
+  const type = item.type || (item.role ? "message" : "unknown");
+  if (type === "message") {
+    const role = item.role || "assistant";
+    return message(role === "developer" ? "system" : role, role, el("pre", { text: textOf(item.content) }), version);
+  }
+  if (type === "function_call") {
+    return message("tool_call", "tool call", el("div", {},
+      el("span", { class: "tool-name", text: item.name }), el("span", { class: "muted", text: `  ${item.call_id || ""}` }),
+      el("pre", { class: "arguments", text: prettyJson(item.arguments) })), version);
+  }
+  if (type === "function_call_output") {
+    return message("tool_output", "tool output", el("div", {},
+      el("span", { class: "muted", text: item.call_id || "" }), el("pre", { text: textOf(item.output) })));
+  }
+  if (type === "reasoning") {
+    const text = [...(item.summary || []), ...(item.content || [])].map((p) => p.text || "").join("\n");
+    return message("reasoning", "reasoning", el("pre", { text }), version);
+  }
+  return message("system", type, el("pre", { class: "json", text: JSON.stringify(item, null, 2) }));
+}
+
+// probability → colour: red (unlikely) through yellow to green (certain)
+function tokenColour(logprob) {
+  const p = Math.exp(Math.max(-20, Math.min(0, logprob)));
+  return `hsl(${Math.round(120 * p)}, 75%, 80%)`;
+}
+
+function visible(piece) {
+  return piece.replace(/\n/g, "↵\n").replace(/\t/g, "→");
+}
+
+function tokenSequences(tokens) {
+  const box = el("div", { class: "token-view" });
+  box.append(el("div", { class: "legend" }, "sampling probability:",
+    el("span", { class: "swatch", style: `background:${tokenColour(Math.log(0.02))}` }), "low",
+    el("span", { class: "swatch", style: `background:${tokenColour(Math.log(0.5))}` }), "0.5",
+    el("span", { class: "swatch", style: `background:${tokenColour(0)}` }), "1",
+    el("span", { class: "tok env", text: " environment (mask 0) " }), el("span", { class: "turn", text: "turn" }), "model turn starts"));
+  if (tokens.note) box.append(el("p", { class: "muted", text: tokens.note }));
+  tokens.sequences.forEach((seq, s) => {
+    if (s > 0) box.append(el("div", { class: "break",
+      text: "prefix break: this turn's prompt did not extend the tokens above, so a new sequence starts" }));
+    const prompt = el("details", {}, el("summary", { text: `sequence ${s + 1}: prompt, ${seq.prompt_ids.length} tokens` }),
+      el("div", { class: "tokens" }, seq.prompt_ids.map((id, i) => el("span", { class: "tok prompt", title: `id ${id}`,
+        text: seq.prompt_text ? visible(seq.prompt_text[i]) : `${id} ` }))));
+    const starts = new Set(seq.turn_starts);
+    let turn = 0;
+    const completion = el("div", { class: "tokens completion" });
+    seq.completion_ids.forEach((id, i) => {
+      if (starts.has(i)) {
+        const version = seq.model_versions && seq.model_versions[turn] ? ` ${seq.model_versions[turn]}` : "";
+        completion.append(el("span", { class: "turn", text: `turn ${++turn}${version}` }));
+      }
+      const sampled = seq.mask[i] === 1;
+      const piece = seq.completion_text ? visible(seq.completion_text[i]) : `${id} `;
+      const logprob = seq.logprobs[i];
+      completion.append(el("span", {
+        class: sampled ? "tok sampled" : "tok env",
+        style: sampled && typeof logprob === "number" ? `background:${tokenColour(logprob)}` : null,
+        title: sampled ? `id ${id}  logprob ${fmt(logprob, 4)}  p ${fmt(Math.exp(logprob), 3)}` : `id ${id}  (environment)`,
+        text: piece }));
+    });
+    box.append(prompt, el("h3", { text: `sequence ${s + 1}: completion, ${seq.completion_ids.length} tokens` }), completion);
+  });
+  return box;
+}
+
+async function pageRollout(runId, line) {
+  crumbs(["runs", "#/"], [runId, `#/run/${runId}`], [`line ${Number(line) + 1}`, null]);
+  const data = await api(`api/runs/${runId}/rollouts/${line}`);
+  const row = data.rollout;
+  const known = new Set(["responses_create_params", "response", "reward", "reward_components", "status", "error",
+    "metrics", "sequences", "prefix_ok", "rollout_id", "group_id"]);
+  const details = Object.fromEntries(Object.entries(row).filter(([k]) => !known.has(k)));
+  const components = row.reward_components || {};
+  const head = el("div", { class: "card" },
+    el("h2", { text: `rollout ${row.rollout_id || ""}` }),
+    el("div", { class: "figures" }, figure("reward", fmt(row.reward)), el("div", { class: "figure" }, statusBadge(row.status || "ok"), el("span", { text: "status" })),
+      ...Object.entries(components).map(([k, v]) => figure(`component: ${k}`, fmt(v))),
+      figure("prefix", row.prefix_ok === undefined || row.prefix_ok === null ? "–" : row.prefix_ok ? "ok" : "broken")),
+    el("div", {}, el("span", { class: "muted", text: "group " }),
+      el("a", { href: `#/run/${runId}/group/${encodeURIComponent(row.group_id)}`, text: row.group_id || "–" })),
+    row.error ? el("pre", { class: "error", text: row.error }) : null,
+    el("div", { class: "kv metrics" }, Object.entries(row.metrics || {}).flatMap(([k, v]) => [el("div", { text: k }), el("div", { text: fmt(v, 4) })])),
+    el("details", {}, el("summary", { text: "task and environment fields" }), el("pre", { class: "json", text: JSON.stringify(details, null, 2) })));
+  destroyCharts();
+  main.replaceChildren(head, el("h2", { text: "conversation" }), conversation(row),
+    el("h2", { text: "tokens" }), tokenSequences(data.tokens));
+  live("");
+}
+
+async function pageGroup(runId, groupId) {
+  crumbs(["runs", "#/"], [runId, `#/run/${runId}`], [`group ${groupId}`, null]);
+  const g = await api(`api/runs/${runId}/groups/${encodeURIComponent(groupId)}`);
+  const prompt = g.prompt ? conversation({ responses_create_params: g.prompt }) : null;
+  const grid = el("div", { class: "group-grid" }, g.rollouts.map((r) => el("div", { class: "card member" },
+    el("h3", {}, el("a", { href: `#/run/${runId}/rollout/${r.line}`, text: r.rollout_id || `line ${r.line + 1}` })),
+    el("div", { class: "figures" }, figure("reward", fmt(r.reward)), figure("advantage", fmt(r.advantage)),
+      figure("r − mean", fmt(r.advantage_mean_only)), el("div", { class: "figure" }, statusBadge(r.status), el("span", { text: "status" }))),
+    r.error ? el("pre", { class: "error", text: r.error }) : null,
+    el("pre", { text: r.answer }))));
+  destroyCharts();
+  main.replaceChildren(el("div", { class: "card" }, el("h2", { text: `group ${g.group_id}` }),
+    el("div", { class: "figures" }, figure("rollouts", g.rollouts.length), figure("mean reward", fmt(g.reward_mean)),
+      figure("reward std", fmt(g.reward_std)))), el("h3", { text: "prompt" }), prompt, el("h3", { text: "rollouts" }), grid);
+  live("");
+}
+
+// --- routing and live refresh ------------------------------------------------------------------
+function destroyCharts() { charts.forEach((c) => c.destroy()); charts = []; }
+function live(text) { document.getElementById("live").textContent = text; }
+
+async function route() {
+  clearTimeout(timer);
+  const hash = location.hash.slice(1) || "/";
+  const [path, queryString] = hash.split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  try {
+    if (!parts.length) await pageRuns();
+    else if (parts[0] === "training") await pageTraining(parts[1]);
+    else if (parts[0] === "run" && parts[2] === "rollout") await pageRollout(parts[1], parts[3]);
+    else if (parts[0] === "run" && parts[2] === "group") await pageGroup(parts[1], parts[3]);
+    else if (parts[0] === "run") await pageRollouts(parts[1], queryString || "");
+    else main.replaceChildren(el("p", { class: "error", text: `no page ${hash}` }));
+  } catch (error) {
+    showError(error);
+  }
+  // Lists and summaries follow files that are still being written; one rollout's page does not change.
+  if (!parts.length || (parts[0] === "run" && parts.length === 2)) {
+    timer = setTimeout(() => { if (!document.hidden && !document.activeElement.closest("form")) route(); else timer = setTimeout(route, REFRESH_MS); }, REFRESH_MS);
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();
