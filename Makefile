@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # llama-cpp-python compiles from source; NATIVE=OFF keeps the build portable across CPUs.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install demo test clean
+.PHONY: install demo test clean browser view
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,19 @@ demo: install
 		--param 'tool_choice={"type": "function", "name": "get_weather"}' \
 		--output $(DEMO_DIR)/weather.jsonl
 
-test: $(VENV)/.installed-trl
+# The viewer's browser test needs Debian's chromium and its driver: installed here when we are root
+# on a machine with apt; elsewhere the test says why it is skipped.
+browser:
+	@command -v chromedriver >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		chromium chromium-driver >/dev/null; } || echo "chromium not installed: the browser test will be skipped"
+
+test: $(VENV)/.installed-trl browser
 	$(PY) -m pytest -q
+
+# Look at the rollouts of every demo run (and anything else under runs/) in the browser.
+view: install
+	$(VENV)/bin/rollgym view runs/ --open
 
 clean:
 	rm -rf $(VENV) runs

@@ -5,6 +5,7 @@ const REFRESH_MS = 4000; // re-read the files while a run is still being written
 const main = document.getElementById("main");
 let timer = null;
 let charts = [];
+let shown = null; // what the current page was drawn from: a refresh that brings the same is not redrawn
 
 // --- small DOM helpers -------------------------------------------------------------------------
 function el(tag, attrs, ...children) {
@@ -69,13 +70,13 @@ function barChart(target, title, edges, counts, xLabel) {
 }
 
 const PALETTE = ["#2f6fdb", "#2e9d57", "#d98b2b", "#b06ad9", "#c23b3b", "#3aa6b9", "#7a828c"];
-function lineChart(target, title, xs, named, xLabel, yLabel) {
+function lineChart(target, title, xs, named, xLabel, yLabel, yRange) {
   const { box, width, height } = chartBox(title, 460, 220);
   target.append(box);
   const names = Object.keys(named);
   if (!xs.length || !names.length) { box.append(el("p", { class: "muted", text: "no values yet" })); return; }
   charts.push(new uPlot({
-    width, height, scales: { x: { time: false } },
+    width, height, scales: { x: { time: false }, ...(yRange ? { y: { range: yRange } } : {}) },
     axes: [{ label: xLabel }, { label: yLabel }],
     series: [{ label: xLabel }, ...names.map((name, i) => ({
       label: name, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 6 }, spanGaps: true }))],
@@ -83,9 +84,17 @@ function lineChart(target, title, xs, named, xLabel, yLabel) {
 }
 
 // --- pages -------------------------------------------------------------------------------------
-async function pageRuns() {
+function unchanged(refreshing, data) {
+  const signature = JSON.stringify(data);
+  const same = refreshing && signature === shown;
+  shown = signature;
+  return same;
+}
+
+async function pageRuns(refreshing) {
   crumbs(["runs", null]);
   const data = await api("api/runs");
+  if (unchanged(refreshing, data)) return;
   const parts = [];
   for (const run of data.runs) {
     const card = el("div", { class: "card run", "data-run": run.id });
@@ -117,7 +126,7 @@ async function pageRuns() {
     const c = await api(`api/runs/${run.id}/charts`);
     barChart(chartRow, "reward histogram", c.reward.edges, c.reward.counts, "reward");
     const ks = Object.keys(run.pass_at_k);
-    lineChart(chartRow, "pass@k", ks.map((k) => Number(k.slice(5))), { "pass@k": ks.map((k) => run.pass_at_k[k]) }, "k", "pass@k");
+    lineChart(chartRow, "pass@k", ks.map((k) => Number(k.slice(5))), { "pass@k": ks.map((k) => run.pass_at_k[k]) }, "k", "pass@k", [0, 1]);
     barChart(chartRow, "latency distribution", c.latency.edges, c.latency.counts, "latency (s)");
   }
   for (const t of data.trainings) {
@@ -137,10 +146,10 @@ async function renderTraining(card, id, compact) {
   } else {
     const pick = (names) => Object.fromEntries(names.map((n) => [n, h.series[n]]));
     lineChart(row, "reward per epoch", h.x, pick(h.reward), "epoch", "reward");
-    if (h.pass.length) lineChart(row, "pass@k per epoch", h.x, pick(h.pass), "epoch", "pass@k");
+    if (h.pass.length) lineChart(row, "pass@k per epoch", h.x, pick(h.pass), "epoch", "pass@k", [0, 1]);
     if (h.timings.length) lineChart(row, "phase timings per epoch", h.x, pick(h.timings), "epoch", "seconds");
     if (!compact && h.timings.length) {
-      const table = el("table", {}, el("tr", {}, el("th", { text: "epoch" }), h.timings.map((n) => el("th", { text: n }))));
+      const table = el("table", { class: "timings" }, el("tr", {}, el("th", { text: "epoch" }), h.timings.map((n) => el("th", { text: n }))));
       h.x.forEach((x, i) => table.append(el("tr", {}, el("td", { class: "num", text: fmt(x) }),
         h.timings.map((n) => el("td", { class: "num", text: fmt(h.series[n][i], 2) })))));
       card.append(el("h3", { text: "phase timings (s)" }), table);
@@ -168,11 +177,13 @@ const COLUMNS = [
   ["output_tokens", "out tok", "output_tokens"], ["latency_s", "latency s", "latency"], ["answer", "answer / error", null],
 ];
 
-async function pageRollouts(runId, params) {
+async function pageRollouts(runId, params, refreshing) {
   crumbs(["runs", "#/"], [runId, null]);
   const query = new URLSearchParams(params);
   if (!query.get("limit")) query.set("limit", "50");
   const data = await api(`api/runs/${runId}/rollouts?${query}`);
+  const failures = await api(`api/runs/${runId}/failures?limit=50`);
+  if (unchanged(refreshing, [data, failures])) return;
   const form = filterForm(runId, query, data.choices);
   const table = el("table", { class: "rollouts" });
   const sort = query.get("sort") || "line";
@@ -209,7 +220,6 @@ async function pageRollouts(runId, params) {
     el("span", { class: "count", text: `${data.total ? offset + 1 : 0}–${Math.min(offset + limit, data.total)} of ${data.total}` +
       (data.complete ? "" : ` (indexed ${data.indexed} lines so far)`) }),
     el("button", { onclick: () => move(offset + limit), disabled: offset + limit >= data.total ? "disabled" : null, text: "next ›" }));
-  const failures = await api(`api/runs/${runId}/failures?limit=50`);
   const failureTable = el("table", { class: "failures" },
     el("tr", {}, ["rollout", "group", "attempt", "final", "status", "cause"].map((h) => el("th", { text: h }))),
     failures.rows.map((f) => el("tr", {}, el("td", { text: fmt(f.rollout_id) }), el("td", { text: fmt(f.group_id) }),
@@ -373,13 +383,16 @@ async function pageGroup(runId, groupId) {
   const grid = el("div", { class: "group-grid" }, g.rollouts.map((r) => el("div", { class: "card member" },
     el("h3", {}, el("a", { href: `#/run/${runId}/rollout/${r.line}`, text: r.rollout_id || `line ${r.line + 1}` })),
     el("div", { class: "figures" }, figure("reward", fmt(r.reward)), figure("advantage", fmt(r.advantage)),
-      figure("r − mean", fmt(r.advantage_mean_only)), el("div", { class: "figure" }, statusBadge(r.status), el("span", { text: "status" }))),
+      figure("r − mean", fmt(r.advantage_mean_only)), figure("turns", fmt(r.turns)), figure("tool calls", fmt(r.tool_calls)),
+      el("div", { class: "figure" }, statusBadge(r.status), el("span", { text: "status" }))),
     r.error ? el("pre", { class: "error", text: r.error }) : null,
     el("pre", { text: r.answer }))));
   destroyCharts();
   main.replaceChildren(el("div", { class: "card" }, el("h2", { text: `group ${g.group_id}` }),
     el("div", { class: "figures" }, figure("rollouts", g.rollouts.length), figure("mean reward", fmt(g.reward_mean)),
-      figure("reward std", fmt(g.reward_std)))), el("h3", { text: "prompt" }), prompt, el("h3", { text: "rollouts" }), grid);
+      figure("reward std", fmt(g.reward_std))),
+    g.reward_std === 0 ? el("p", { class: "muted", text: "every rollout got the same reward: all advantages are 0, so GRPO learns nothing from this group (export drops it)" }) : null),
+    el("h3", { text: "prompt" }), prompt, el("h3", { text: "rollouts" }), grid);
   live("");
 }
 
@@ -387,26 +400,31 @@ async function pageGroup(runId, groupId) {
 function destroyCharts() { charts.forEach((c) => c.destroy()); charts = []; }
 function live(text) { document.getElementById("live").textContent = text; }
 
-async function route() {
+async function route(refreshing) {
   clearTimeout(timer);
+  refreshing = refreshing === true;
   const hash = location.hash.slice(1) || "/";
   const [path, queryString] = hash.split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   try {
-    if (!parts.length) await pageRuns();
+    if (!parts.length) await pageRuns(refreshing);
     else if (parts[0] === "training") await pageTraining(parts[1]);
     else if (parts[0] === "run" && parts[2] === "rollout") await pageRollout(parts[1], parts[3]);
     else if (parts[0] === "run" && parts[2] === "group") await pageGroup(parts[1], parts[3]);
-    else if (parts[0] === "run") await pageRollouts(parts[1], queryString || "");
+    else if (parts[0] === "run") await pageRollouts(parts[1], queryString || "", refreshing);
     else main.replaceChildren(el("p", { class: "error", text: `no page ${hash}` }));
   } catch (error) {
     showError(error);
   }
   // Lists and summaries follow files that are still being written; one rollout's page does not change.
   if (!parts.length || (parts[0] === "run" && parts.length === 2)) {
-    timer = setTimeout(() => { if (!document.hidden && !document.activeElement.closest("form")) route(); else timer = setTimeout(route, REFRESH_MS); }, REFRESH_MS);
+    const tick = () => {
+      if (document.hidden || document.activeElement.closest("form")) timer = setTimeout(tick, REFRESH_MS);
+      else route(true);
+    };
+    timer = setTimeout(tick, REFRESH_MS);
   }
 }
 
-window.addEventListener("hashchange", route);
-route();
+window.addEventListener("hashchange", () => route(false));
+route(false);
