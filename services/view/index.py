@@ -45,6 +45,7 @@ class Strings:
     def __init__(self) -> None:
         self.values: list[str | None] = [None]
         self.codes: dict[str, int] = {}
+        self.ranks: np.ndarray | None = None  # alphabetical rank per code, for sorting
 
     def code(self, value: Any) -> int:
         found = self.codes.get(value) if type(value) is str else None
@@ -143,10 +144,15 @@ class _Columns:
 
 
 def _name_ranks(table: Strings) -> np.ndarray:
-    """Each code's rank in the alphabetical order of the table's strings (no value first)."""
+    """Each code's rank in the alphabetical order of the table's strings (no value first); kept
+    until the table grows, since sorting a quarter of a million group ids takes a moment."""
+    cached = table.ranks
+    if cached is not None and len(cached) == len(table.values):
+        return cached
     names = [value or "" for value in table.values]
     ranks = np.empty(len(names), dtype=np.int64)
     ranks[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    table.ranks = ranks
     return ranks
 
 

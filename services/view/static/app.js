@@ -103,7 +103,8 @@ async function pageRuns(refreshing) {
     card.append(el("div", { class: "figures" },
       figure("rollouts", fmt(run.rollouts)), figure("groups", fmt(run.groups)),
       figure("mean reward", fmt(run.mean_reward)), figure("reward std", fmt(run.reward_std)), ...passes,
-      figure("failed attempts", fmt(run.failed)), figure("output tokens / rollout", fmt(run.tokens.output_mean, 1)),
+      figure("failed attempts", fmt(run.failed)),
+      run.metrics_file && run.metrics_file.failed !== undefined ? figure("failed rollouts (metrics.json)", fmt(run.metrics_file.failed)) : null, figure("output tokens / rollout", fmt(run.tokens.output_mean, 1)),
       figure("latency p50 / p95 / p99 (s)", ["p50", "p95", "p99"].map((q) => fmt(run.latency_s[q], 2)).join(" / "))));
     const statuses = Object.entries(run.status_counts).map(([s, n]) => el("span", {}, statusBadge(s), ` ${n}  `));
     const failed = Object.entries(run.failure_status_counts).map(([s, n]) => el("span", {}, statusBadge(s), ` ${n}  `));
@@ -406,6 +407,7 @@ async function route(refreshing) {
   const hash = location.hash.slice(1) || "/";
   const [path, queryString] = hash.split("?");
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  if (!refreshing) delete document.body.dataset.rendered;
   try {
     if (!parts.length) await pageRuns(refreshing);
     else if (parts[0] === "training") await pageTraining(parts[1]);
@@ -416,6 +418,7 @@ async function route(refreshing) {
   } catch (error) {
     showError(error);
   }
+  document.body.dataset.rendered = "#" + hash; // tells a reader (or a test) the page is drawn
   // Lists and summaries follow files that are still being written; one rollout's page does not change.
   if (!parts.length || (parts[0] === "run" && parts.length === 2)) {
     const tick = () => {
