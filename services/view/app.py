@@ -18,7 +18,7 @@ from fastapi import FastAPI, Query
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from ..export import advantages
+from ..data.export import advantages
 from ..server import BaseServer, BadRequest, ServerConfig
 from .index import SORT_KEYS, Filters, RolloutIndex
 from .runs import Catalog, ViewError, read_history, run_charts, summarize_run

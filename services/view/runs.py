@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..collector import companion_paths
-from ..metrics import k_values, pass_at_k
+from ..rollouts.metrics import k_values, pass_at_k
+from ..rollouts.sink import companion_paths
 from .index import Filters, RolloutIndex
 
 HISTORY_FILE = "history.jsonl"

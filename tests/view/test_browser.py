@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from rollgym.client import ServerAddress, ServerClient
-from rollgym.collector import CollectOptions, Collector
+from rollgym.rollouts.collector import CollectOptions, Collector
 from rollgym.testing import serve_in_thread
 from rollgym.view.app import ViewServer
 from rollgym.view.runs import Catalog

@@ -108,7 +108,7 @@ def test_bad_lines_are_counted_with_their_line_number_and_skipped(tmp_path: Path
 
 
 def test_summary_and_pass_at_k_follow_the_collectors_definitions(tmp_path: Path) -> None:
-    from rollgym.metrics import RolloutRecord, summarize
+    from rollgym.rollouts.metrics import RolloutRecord, summarize
 
     path = tmp_path / "rollouts.jsonl"
     rows = [rollout(n, reward=float(n % 3 == 0)) for n in range(24)]
