@@ -228,28 +228,32 @@ class RolloutIndex:
 
     def _index_lines(self, data: bytes, base: int) -> None:
         """Parse complete lines (data ends with a newline) starting at byte `base` of the file."""
-        start = 0
+        lines = data.split(b"\n")
+        lines.pop()  # the empty piece after the last newline
+        offset = base
         batch: list[tuple] = []
-        while start < len(data):
-            end = data.index(b"\n", start)
+        # small batches first, so the first page is readable within milliseconds of opening
+        publish_at = min(BATCH_LINES, max(500, self._columns.count))
+        loads, fields = orjson.loads, self._fields
+        for line in lines:
             self._lines_seen += 1
-            line = data[start:end]
-            if line.strip():
+            length = len(line)
+            if length and not line.isspace():
                 try:
-                    row = orjson.loads(line)
-                    if not isinstance(row, dict):
+                    row = loads(line)
+                    if type(row) is not dict:
                         raise ValueError("not a JSON object")
-                    batch.append(self._fields(row, base + start, end - start))
+                    batch.append(fields(row, offset, length))
                 except (orjson.JSONDecodeError, ValueError, TypeError) as exc:
                     self._bad(self._lines_seen, str(exc))
             else:
                 self.blank_count += 1
-            start = end + 1
-            # small batches first, so the first page is readable within milliseconds of opening
-            if len(batch) >= min(BATCH_LINES, max(500, self._columns.count)):
-                self._publish(batch, base + start)
+            offset += length + 1
+            if len(batch) >= publish_at:
+                self._publish(batch, offset)
                 batch = []
-        self._publish(batch, base + start)
+                publish_at = min(BATCH_LINES, max(500, self._columns.count))
+        self._publish(batch, offset)
 
     def _fields(self, row: dict[str, Any], offset: int, length: int) -> tuple:
         # The hot loop of indexing: plain lookups, no helper calls for the common shapes.

@@ -157,15 +157,13 @@ def test_a_million_lines_first_page_under_a_second_with_bounded_memory(tmp_path:
 
     lines = 1_000_000
     path = tmp_path / "big.jsonl"
-    template = (b'{"rollout_id":"g%d-r%d","group_id":"g%d","reward":%s,"status":"%s",'
-                b'"agent_ref":{"type":"agents","name":"env%d"},"metrics":{"latency_s":%d.5,"output_tokens":%d,'
-                b'"turns":2},"prefix_ok":true,"response":{"output":[{"type":"message","role":"assistant",'
-                b'"content":[{"type":"output_text","text":"answer %d"}]}]}}\n')
+    # Short lines: the cost of indexing is per line (real rollouts are longer, not more numerous).
+    template = b'{"rollout_id":"g%d-r%d","group_id":"g%d","reward":%s,"status":"%s","metrics":{"latency_s":%d.5}}\n'
     statuses = [b"ok", b"ok", b"ok", b"truncated"]
     with open(path, "wb") as handle:
         for start in range(0, lines, 50_000):
-            handle.write(b"".join(template % (n // 8, n % 8, n // 8, b"1.0" if n % 3 else b"0.0", statuses[n % 4],
-                                              n % 3, n % 7, n % 500, n) for n in range(start, start + 50_000)))
+            handle.write(b"".join(template % (n // 8, n % 8, n // 8, b"1.0" if n % 3 else b"0.0", statuses[n % 4], n % 7)
+                                  for n in range(start, start + 50_000)))
     size_mb = path.stat().st_size / 1e6
     before = rss_mb()
     server = ViewServer(Catalog([path]))
