@@ -150,7 +150,7 @@ class ViewServer(BaseServer):
                                 f"({run.rollouts.count} indexed)") from None
             return {"line": line, "rollout": row, "tokens": token_view(row, self.vocabulary)}
 
-        @app.get("/api/runs/{run_id}/groups/{group_id}")
+        @app.get("/api/runs/{run_id}/groups/{group_id:path}")  # a group id may hold a slash
         def group(run_id: str, group_id: str) -> dict[str, Any]:
             run = catalog.run(run_id)
             _catch_up(run.rollouts)
