@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from rollgym.testing import serve_in_thread
-from rollgym.view.app import ViewConfig, ViewServer, token_view
+from rollgym.view.app import ViewConfig, ViewServer
+from rollgym.view.rollout import token_view
 from rollgym.view.runs import Catalog
 from rollgym.view.tokens import Vocabulary, bundled_gguf
 
