@@ -18,7 +18,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from ..server import BadRequest, BaseServer, JSONBytesResponse, ServerConfig, error_body
-from .index import SORT_KEYS, Filters, RolloutIndex
+from .index import SORT_KEYS, FileChangedError, Filters, RolloutIndex
 from .rollout import group_view, table_row, token_view
 from .runs import Catalog, ViewError, read_history, run_charts, summarize_run
 from .tokens import Vocabulary
@@ -93,6 +93,10 @@ class ViewServer(BaseServer):
         @app.exception_handler(ViewError)
         async def on_view_error(request: Any, exc: ViewError) -> Any:
             return JSONBytesResponse(error_body("not_found", str(exc)), 404)
+
+        @app.exception_handler(FileChangedError)
+        async def on_file_changed(request: Any, exc: FileChangedError) -> Any:
+            return JSONBytesResponse(error_body("conflict", str(exc)), 409)
 
         # Plain `def` routes: they read files, so FastAPI runs them in its thread pool, off the event loop.
         @app.get("/", include_in_schema=False)

@@ -39,6 +39,10 @@ COLUMNS: dict[str, tuple[Any, Any]] = {
 SORT_KEYS = ("line", "reward", "latency", "output_tokens", "turns", "group", "status")
 
 
+class FileChangedError(Exception):
+    """An indexed line is no longer where the index says (the file was rewritten in place)."""
+
+
 class Strings:
     """Interned strings: a column stores codes, this table their text (code 0 is "no value")."""
 
@@ -372,7 +376,15 @@ class RolloutIndex:
             length = int(self._columns.arrays["length"][line])
         with open(self.path, "rb") as handle:
             handle.seek(offset)
-            return orjson.loads(handle.read(length))
+            data = handle.read(length)
+        try:
+            row = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            row = None
+        if type(row) is not dict:  # rewritten under us since it was indexed: index it afresh
+            self._identity = None
+            raise FileChangedError(f"{self.path.name} changed while it was read; reload the page")
+        return row
 
     def group_rows(self, group_id: str) -> list[int]:
         code = self.groups.lookup(group_id)

@@ -112,6 +112,8 @@ def test_token_view_decodes_only_rollouts_of_the_vocabularys_model() -> None:
                           "completion_logprobs": [-0.5] * len(ids)}]}
     view = token_view(row, vocabulary)
     assert view["decoded"] and "".join(view["sequences"][0]["completion_text"]).strip() == "Paris is sunny ☀"
+    broken = token_view({**row, "prefix_ok": False, "sequences": row["sequences"] * 2}, vocabulary)
+    assert len(broken["sequences"]) == 2 and broken["prefix_ok"] is False  # the page marks the break between them
     other = token_view({**row, "response": {"model": "scripted"}}, vocabulary)
     assert not other["decoded"] and other["sequences"][0]["completion_text"] is None and "scripted" in other["note"]
 

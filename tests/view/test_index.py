@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from rollgym.view.index import Filters, RolloutIndex
+from rollgym.view.index import FileChangedError, Filters, RolloutIndex
 from rollgym.view.runs import Catalog, ViewError, pass_curve, summarize_run
 
 
@@ -96,6 +96,10 @@ def test_lines_appended_while_reading_are_picked_up_and_a_torn_tail_waits(tmp_pa
     assert index.read(5)["rollout_id"] == rollout(5)["rollout_id"]
     write(path, [rollout(n) for n in range(2)])  # rewritten shorter: start over
     assert index.refresh() and index.count == 2
+    path.write_bytes(b" " * 7 + orjson.dumps(rollout(0))[7:] + b"\n")  # rewritten in place, same size or not
+    with pytest.raises(FileChangedError, match="changed while it was read"):
+        index.read(0)
+    assert index.refresh() and index.count == 0 and index.bad_count == 1
 
 
 def test_bad_lines_are_counted_with_their_line_number_and_skipped(tmp_path: Path) -> None:
