@@ -49,7 +49,7 @@ function showError(error) {
 }
 
 // --- charts (uPlot) ----------------------------------------------------------------------------
-function chartBox(title, width = 420, height = 200) {
+function chartBox(title, width = 400, height = 200) {
   const box = el("div", { class: "chart", "data-chart": title }, el("div", { class: "title", text: title }));
   return { box, width, height };
 }
@@ -71,12 +71,12 @@ function barChart(target, title, edges, counts, xLabel) {
 
 const PALETTE = ["#2f6fdb", "#2e9d57", "#d98b2b", "#b06ad9", "#c23b3b", "#3aa6b9", "#7a828c"];
 function lineChart(target, title, xs, named, xLabel, yLabel, yRange) {
-  const { box, width, height } = chartBox(title, 460, 220);
+  const { box, width, height } = chartBox(title, 420, 220);
   target.append(box);
   const names = Object.keys(named);
   if (!xs.length || !names.length) { box.append(el("p", { class: "muted", text: "no values yet" })); return; }
   charts.push(new uPlot({
-    width, height, scales: { x: { time: false }, ...(yRange ? { y: { range: yRange } } : {}) },
+    width, height, legend: { show: names.length > 1 }, scales: { x: { time: false }, ...(yRange ? { y: { range: yRange } } : {}) },
     axes: [{ label: xLabel }, { label: yLabel }],
     series: [{ label: xLabel }, ...names.map((name, i) => ({
       label: name, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 6 }, spanGaps: true }))],
