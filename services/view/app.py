@@ -110,7 +110,7 @@ class ViewServer(BaseServer):
                 _catch_up(run.failures)
             return {
                 "runs": [summarize_run(run, self.config.pass_threshold) for run in catalog.runs.values()],
-                "trainings": [{"id": t.id, "label": t.label, "runs": t.runs, "plot": t.plot is not None}
+                "trainings": [{"id": t.id, "label": t.label, "plot": t.plot is not None}
                               for t in catalog.trainings.values()],
                 "tokenizer": self.vocabulary.model_name if self.vocabulary else None,
             }
@@ -178,7 +178,8 @@ class ViewServer(BaseServer):
         @app.get("/api/trainings/{training_id}")
         def training(training_id: str) -> dict[str, Any]:
             found = catalog.training(training_id)
-            return {"id": found.id, "label": found.label, "runs": found.runs, "plot": found.plot is not None,
+            runs = [{"id": run_id, "label": catalog.runs[run_id].label} for run_id in found.runs]
+            return {"id": found.id, "label": found.label, "runs": runs, "plot": found.plot is not None,
                     "history": read_history(found.history) if found.history.is_file() else None}
 
         @app.get("/api/trainings/{training_id}/plot")

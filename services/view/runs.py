@@ -23,6 +23,9 @@ from .index import Filters, RolloutIndex
 HISTORY_FILE = "history.jsonl"
 PLOT_FILE = "reward.png"
 MAX_FILES = 500  # rollouts files taken from one folder
+# history.jsonl: `rollgym train` writes each phase's seconds under `phases_s`; other names are accepted.
+TIMING_GROUPS = ("phases_s", "timings", "timing", "phases", "phase_s")
+TEXT_FIRST = ("stage", "model_version", "artefact")
 
 
 class ViewError(Exception):
@@ -226,7 +229,8 @@ def run_charts(run: Run, filters: Filters | None = None) -> dict[str, Any]:
 
 def read_history(path: Path) -> dict[str, Any]:
     """history.jsonl as series: x (epoch, else step, else the line number), each numeric field
-    flattened to a dotted name; reward-like and timing-like names listed apart for the charts."""
+    flattened to a dotted name (`train.mean_reward`, `phases_s.collect`), reward-like and
+    timing-like names listed apart for the charts, and the top-level text fields per epoch."""
     rows, bad = [], []
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, 1):
@@ -246,11 +250,15 @@ def read_history(path: Path) -> dict[str, Any]:
     series = {name: [row.get(name) for row in flat] for name in names}
     rewards = [n for n in names if "reward" in n.lower() and not n.lower().endswith("std")]
     passes = [n for n in names if "pass@" in n.lower()]
-    timings = [n for n in names if n.split(".")[0] in ("timings", "timing", "phases", "phase_s", "phase_seconds")
-               or (n.endswith("_s") and n not in rewards)]
-    last_texts = {k: v for k, v in (rows[-1].items() if rows else []) if isinstance(v, str)}
-    return {"x": x, "series": series, "reward": rewards, "pass": passes, "timings": timings,
-            "rows": len(rows), "bad_lines": bad, "last": last_texts}
+    timings = [n for n in names if n.split(".")[0] in TIMING_GROUPS or (n.endswith("_s") and n not in rewards)]
+    text_names = sorted({k for row in rows for k, v in row.items() if isinstance(v, str)}, key=_text_order)
+    texts = {name: [row.get(name) if isinstance(row.get(name), str) else None for row in rows] for name in text_names}
+    return {"x": x, "series": series, "reward": rewards, "pass": passes, "timings": timings, "texts": texts,
+            "rows": len(rows), "bad_lines": bad}
+
+
+def _text_order(name: str) -> tuple[int, str]:
+    return (TEXT_FIRST.index(name) if name in TEXT_FIRST else len(TEXT_FIRST), name)
 
 
 def _flatten(row: dict[str, Any], prefix: str = "") -> dict[str, float]:

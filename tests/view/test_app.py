@@ -145,15 +145,16 @@ def test_training_folder_history_is_read_whatever_fields_it_has(tmp_path: Path) 
     from rollgym.view.runs import read_history
 
     history = tmp_path / "history.jsonl"
-    history.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [
-        {"epoch": 0, "train": {"mean_reward": 0.2}, "validation": {"mean_reward": 0.1, "pass@4": 0.3},
-         "timings": {"collect_s": 10.0, "optimize_s": 4.0}, "model_version": "base"},
-        {"epoch": 1, "train": {"mean_reward": 0.4}, "timings": {"collect_s": 9.0, "optimize_s": 4.5},
-         "model_version": "lora-1"},
-    ]) + b'{"epoch": 2, "tru')  # a line still being written
+    history.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [  # as `rollgym train` writes it
+        {"epoch": 0, "stage": None, "model_version": "base", "validation": {"mean_reward": 0.1, "pass@4": 0.3},
+         "phases_s": {"validate": 3.0}},
+        {"epoch": 1, "stage": "sft", "model_version": "lora-1", "train": {"mean_reward": 0.4, "train_s": 20.5},
+         "validation": None, "phases_s": {"collect": 9.0, "optimize": 25.0}, "overhead_s": 0.4, "guard": False},
+    ]) + b'{"epoch": 2, "tra')  # a line still being written
     read = read_history(history)
-    assert read["x"] == [0.0, 1.0] and read["series"]["train.mean_reward"] == [0.2, 0.4]
+    assert read["x"] == [0.0, 1.0] and read["series"]["train.mean_reward"] == [None, 0.4]
     assert set(read["reward"]) == {"train.mean_reward", "validation.mean_reward"}
     assert read["series"]["validation.mean_reward"] == [0.1, None] and read["pass"] == ["validation.pass@4"]
-    assert read["timings"] == ["timings.collect_s", "timings.optimize_s"] and not read["bad_lines"]
-    assert read["last"] == {"model_version": "lora-1"}
+    assert read["timings"] == ["overhead_s", "phases_s.collect", "phases_s.optimize", "phases_s.validate",
+                               "train.train_s"]
+    assert not read["bad_lines"] and read["texts"] == {"stage": [None, "sft"], "model_version": ["base", "lora-1"]}

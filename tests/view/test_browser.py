@@ -91,8 +91,9 @@ def test_pages_in_a_headless_browser(collection: Path, browser: Any, tmp_path: P
     training = tmp_path / "train"
     training.mkdir()
     (training / "history.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [
-        {"epoch": e, "train": {"mean_reward": 0.2 + 0.1 * e}, "validation": {"mean_reward": 0.15 + 0.1 * e},
-         "timings": {"collect_s": 10.0 - e, "optimize_s": 4.0}} for e in range(4)]))
+        {"epoch": e, "stage": "sft", "model_version": f"lora-{e}", "train": {"mean_reward": 0.2 + 0.1 * e},
+         "validation": {"mean_reward": 0.15 + 0.1 * e}, "phases_s": {"collect": 10.0 - e, "optimize": 4.0}}
+        for e in range(4)]))
     catalog = Catalog([collection, training])
     labels = {run.label.rsplit("/", 1)[-1]: run.id for run in catalog.runs.values()}
     weather = labels["weather.jsonl"]
@@ -152,7 +153,8 @@ def test_pages_in_a_headless_browser(collection: Path, browser: Any, tmp_path: P
         # A training run: reward per epoch and the phase timings.
         show("#/training/t0")
         assert css('.chart[data-chart="reward per epoch"] canvas')
-        assert "timings.collect_s" in css(".training table.timings")[0].text
+        table = css(".training table.epochs")[0].text
+        assert "phases_s.collect" in table and "lora-3" in table
         browser.save_screenshot(str(shots / "5-training.png"))
 
         errors = [entry for entry in browser.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")]

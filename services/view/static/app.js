@@ -69,6 +69,7 @@ function barChart(target, title, edges, counts, xLabel) {
   }, [mids, counts], box));
 }
 
+const INTEGER_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
 const PALETTE = ["#2f6fdb", "#2e9d57", "#d98b2b", "#b06ad9", "#c23b3b", "#3aa6b9", "#7a828c"];
 function lineChart(target, title, xs, named, xLabel, yLabel, yRange) {
   const { box, width, height } = chartBox(title, 420, 220);
@@ -77,7 +78,7 @@ function lineChart(target, title, xs, named, xLabel, yLabel, yRange) {
   if (!xs.length || !names.length) { box.append(el("p", { class: "muted", text: "no values yet" })); return; }
   charts.push(new uPlot({
     width, height, legend: { show: names.length > 1 }, scales: { x: { time: false }, ...(yRange ? { y: { range: yRange } } : {}) },
-    axes: [{ label: xLabel }, { label: yLabel }],
+    axes: [{ label: xLabel, incrs: INTEGER_STEPS }, { label: yLabel }], // epochs and k are whole numbers
     series: [{ label: xLabel }, ...names.map((name, i) => ({
       label: name, stroke: PALETTE[i % PALETTE.length], width: 2, points: { show: true, size: 6 }, spanGaps: true }))],
   }, [xs, ...names.map((n) => named[n])], box));
@@ -139,6 +140,7 @@ async function pageRuns(refreshing) {
 
 async function renderTraining(card, id, compact) {
   const t = await api(`api/trainings/${id}`);
+  if (!compact) card.append(el("h2", { text: `training: ${t.label}` }));
   const h = t.history;
   const row = el("div", { class: "charts" });
   card.append(row);
@@ -149,16 +151,20 @@ async function renderTraining(card, id, compact) {
     lineChart(row, "reward per epoch", h.x, pick(h.reward), "epoch", "reward");
     if (h.pass.length) lineChart(row, "pass@k per epoch", h.x, pick(h.pass), "epoch", "pass@k", [0, 1]);
     if (h.timings.length) lineChart(row, "phase timings per epoch", h.x, pick(h.timings), "epoch", "seconds");
-    if (!compact && h.timings.length) {
-      const table = el("table", { class: "timings" }, el("tr", {}, el("th", { text: "epoch" }), h.timings.map((n) => el("th", { text: n }))));
+    if (!compact) {
+      const texts = Object.keys(h.texts);
+      const numbers = [...h.reward, ...h.pass, ...h.timings];
+      const table = el("table", { class: "timings epochs" }, el("tr", {}, el("th", { text: "epoch" }),
+        [...texts, ...numbers].map((n) => el("th", { text: n }))));
       h.x.forEach((x, i) => table.append(el("tr", {}, el("td", { class: "num", text: fmt(x) }),
-        h.timings.map((n) => el("td", { class: "num", text: fmt(h.series[n][i], 2) })))));
-      card.append(el("h3", { text: "phase timings (s)" }), table);
+        texts.map((n) => el("td", { text: fmt(h.texts[n][i]) })),
+        numbers.map((n) => el("td", { class: "num", text: fmt(h.series[n][i], h.timings.includes(n) ? 2 : 3) })))));
+      card.append(el("h3", { text: "epochs (history.jsonl)" }), table);
     }
     for (const bad of h.bad_lines) card.append(el("div", { class: "error", text: `history.jsonl ${bad}` }));
   }
-  if (t.runs.length) card.append(el("div", {}, el("span", { class: "muted", text: "rollouts: " }),
-    t.runs.map((r) => el("a", { href: `#/run/${r}`, text: `${r} ` }))));
+  if (t.runs.length && !compact) card.append(el("h3", { text: "rollouts of its epochs" }), el("ul", {},
+    t.runs.map((r) => el("li", {}, el("a", { href: `#/run/${r.id}`, text: r.label })))));
   if (t.plot && !compact) card.append(el("h3", { text: "reward.png" }),
     el("img", { class: "plot", src: `api/trainings/${id}/plot?t=${Date.now()}`, alt: "reward per epoch" }));
 }
