@@ -8,6 +8,7 @@ folder (its `history.jsonl` and `reward.png`, and the rollouts files of its epoc
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,9 @@ MAX_FILES = 500  # rollouts files taken from one folder
 # history.jsonl: `rollgym train` writes each phase's seconds under `phases_s`; other names are accepted.
 TIMING_GROUPS = ("phases_s", "timings", "timing", "phases", "phase_s")
 TEXT_FIRST = ("stage", "model_version", "artefact")
+# the mean reward under its usual names (`train.mean_reward`, `reward_mean`, `validation_reward`), not
+# counts that mention rewards (`curated.dropped.below_min_reward`) or spreads (`reward_std`)
+REWARD_NAME = re.compile(r"((train|validation|val|eval|test)_)?(mean_)?reward(_mean)?")
 
 
 class ViewError(Exception):
@@ -73,7 +77,9 @@ def _looks_like_rollouts(path: Path) -> bool:
         row = orjson.loads(first)
     except orjson.JSONDecodeError:
         return not first.endswith(b"\n")  # a first line still being written
-    return isinstance(row, dict) and ("rollout_id" in row or ("reward" in row and "response" in row))
+    # A rollout carries its request and response; training records made from rollouts (curated.jsonl,
+    # exports) keep the ids and reward but not those.
+    return isinstance(row, dict) and ("response" in row or "responses_create_params" in row)
 
 
 def _label(path: Path) -> str:
@@ -248,7 +254,7 @@ def read_history(path: Path) -> dict[str, Any]:
     names = sorted({name for row in flat for name in row})
     x = [row.get("epoch", row.get("step", i)) for i, row in enumerate(flat)]
     series = {name: [row.get(name) for row in flat] for name in names}
-    rewards = [n for n in names if "reward" in n.lower() and not n.lower().endswith("std")]
+    rewards = [n for n in names if REWARD_NAME.fullmatch(n.rsplit(".", 1)[-1].lower())]
     passes = [n for n in names if "pass@" in n.lower()]
     timings = [n for n in names if n.split(".")[0] in TIMING_GROUPS or (n.endswith("_s") and n not in rewards)]
     text_names = sorted({k for row in rows for k, v in row.items() if isinstance(v, str)}, key=_text_order)

@@ -149,7 +149,8 @@ def test_training_folder_history_is_read_whatever_fields_it_has(tmp_path: Path) 
         {"epoch": 0, "stage": None, "model_version": "base", "validation": {"mean_reward": 0.1, "pass@4": 0.3},
          "phases_s": {"validate": 3.0}},
         {"epoch": 1, "stage": "sft", "model_version": "lora-1", "train": {"mean_reward": 0.4, "train_s": 20.5},
-         "validation": None, "phases_s": {"collect": 9.0, "optimize": 25.0}, "overhead_s": 0.4, "guard": False},
+         "validation": None, "phases_s": {"collect": 9.0, "optimize": 25.0}, "overhead_s": 0.4, "guard": False,
+         "curated": {"dropped": {"below_min_reward": 13}}, "reward_std": 0.2},
     ]) + b'{"epoch": 2, "tra')  # a line still being written
     read = read_history(history)
     assert read["x"] == [0.0, 1.0] and read["series"]["train.mean_reward"] == [None, 0.4]

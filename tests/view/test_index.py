@@ -133,6 +133,7 @@ def test_catalog_finds_runs_in_folders_and_names_what_is_wrong(tmp_path: Path) -
     (tmp_path / "sub").mkdir()
     write(tmp_path / "sub" / "b.jsonl", [rollout(1)])
     write(tmp_path / "sft.jsonl", [{"messages": []}])  # an export, not rollouts
+    write(tmp_path / "curated.jsonl", [{"rollout_id": "x", "group_id": "g", "reward": 1.0, "messages": []}])
     catalog = Catalog([tmp_path])
     assert sorted(run.label.split("/")[-1] for run in catalog.runs.values()) == ["a.jsonl", "b.jsonl"]
     with pytest.raises(ViewError, match="no such file"):

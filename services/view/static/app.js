@@ -159,7 +159,7 @@ async function renderTraining(card, id, compact) {
       h.x.forEach((x, i) => table.append(el("tr", {}, el("td", { class: "num", text: fmt(x) }),
         texts.map((n) => el("td", { text: fmt(h.texts[n][i]) })),
         numbers.map((n) => el("td", { class: "num", text: fmt(h.series[n][i], h.timings.includes(n) ? 2 : 3) })))));
-      card.append(el("h3", { text: "epochs (history.jsonl)" }), table);
+      card.append(el("h3", { text: "epochs (history.jsonl)" }), el("div", { class: "scroll" }, table));
     }
     for (const bad of h.bad_lines) card.append(el("div", { class: "error", text: `history.jsonl ${bad}` }));
   }
