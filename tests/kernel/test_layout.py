@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
-WINGS = {"stack", "rollouts", "data", "envkit", "cli"}
+WINGS = {"stack", "rollouts", "data", "envkit", "view", "cli"}
 # Processes of their own, started with `python -m`: the launcher's child and the test backend.
 ARGPARSE_ENTRY_POINTS = {"rollgym.stack.serve", "rollgym.testing.backend"}
 
@@ -174,4 +174,5 @@ def test_pyproject_lists_every_package() -> None:
     config = tomllib.loads((SERVICES.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert config["package-dir"] == {"rollgym": "services"}
     folders = {module_name(path.parent / "__init__.py") for path in SERVICES.rglob("__init__.py")}
-    assert set(config["packages"]) == folders
+    data_folders = set(config.get("package-data", {}))  # e.g. the viewer's static/, listed for its files
+    assert set(config["packages"]) - data_folders == folders
