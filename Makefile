@@ -40,7 +40,7 @@ demo: install
 browser:
 	@command -v chromedriver >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		chromium chromium-driver >/dev/null; } || echo "chromium not installed: the browser test will be skipped"
+		chromium chromium-driver fonts-dejavu-core >/dev/null; } || echo "chromium not installed: the browser test will be skipped"
 
 test: $(VENV)/.installed-trl browser
 	$(PY) -m pytest -q
