@@ -173,6 +173,7 @@ class RolloutIndex:
         self.blank_count = 0
         self._columns = _Columns()
         self._read_to = 0  # byte offset after the last complete line indexed
+        self._tail = 0  # bytes of a last line without its newline yet, seen at the end of the file
         self._lines_seen = 0  # every complete line, bad and blank ones included
         self._identity: tuple[int, int] | None = None
         self.file_size = 0
@@ -186,18 +187,18 @@ class RolloutIndex:
 
     @property
     def complete(self) -> bool:
-        return self._read_to >= self.file_size
+        """Every complete line is indexed (a last line still being written does not count)."""
+        return self._read_to + self._tail >= self.file_size
 
     def refresh(self, budget_s: float | None = None) -> bool:
-        """Index complete lines appended since the last call; True when the end of the file is reached.
-
-        With `budget_s`, stops after about that long (the rest comes with the next call).
+        """Index complete lines appended since the last call; True when every complete line is
+        indexed. With `budget_s`, stops after about that long (the rest comes with the next call).
         """
         with self.refresh_lock:
             try:
                 stat = os.stat(self.path)
             except FileNotFoundError:
-                self.file_size = self._read_to = 0
+                self.file_size = self._read_to = self._tail = 0
                 return True
             identity = (stat.st_dev, stat.st_ino)
             if identity != self._identity or stat.st_size < self._read_to:
@@ -207,9 +208,11 @@ class RolloutIndex:
             with open(self.path, "rb") as handle:
                 handle.seek(self._read_to)
                 pending = b""
+                self._tail = 0
                 while True:
                     chunk = handle.read(CHUNK_BYTES)
                     if not chunk:
+                        self._tail = len(pending)
                         break
                     data = pending + chunk
                     end = data.rfind(b"\n")
@@ -227,7 +230,7 @@ class RolloutIndex:
             self.statuses, self.groups, self.envs, self.versions = Strings(), Strings(), Strings(), Strings()
             self.bad_lines, self.bad_count, self.blank_count = [], 0, 0
             self._columns = _Columns()
-            self._read_to = self._lines_seen = 0
+            self._read_to = self._lines_seen = self._tail = 0
             self._identity = identity
 
     def _index_lines(self, data: bytes, base: int) -> None:

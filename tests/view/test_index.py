@@ -88,7 +88,10 @@ def test_lines_appended_while_reading_are_picked_up_and_a_torn_tail_waits(tmp_pa
     torn = orjson.dumps(rollout(5))
     with open(path, "ab") as handle:
         handle.write(torn[:30])  # a collector mid-write
-    assert index.refresh() is False and index.count == 5 and index.bad_count == 0
+    assert index.refresh() and index.complete and index.count == 5 and index.bad_count == 0
+    index.start_background()  # the indexing thread waits for the rest of the line, it does not spin
+    index._worker.join(timeout=5)
+    assert not index._worker.is_alive()
     with open(path, "ab") as handle:
         handle.write(torn[30:] + b"\n")
     write(path, [rollout(6)], "ab")
