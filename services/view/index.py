@@ -298,7 +298,7 @@ class RolloutIndex:
 
     def start_background(self, on_error: Callable[[Exception], None] | None = None) -> None:
         """Keep indexing in a daemon thread until the end of the file (no-op while one runs)."""
-        if self._worker is not None and self._worker.is_alive():
+        if (self._worker is not None and self._worker.is_alive()) or not self._changed():
             return
 
         def work() -> None:
@@ -311,6 +311,14 @@ class RolloutIndex:
 
         self._worker = threading.Thread(target=work, name=f"index {self.path.name}", daemon=True)
         self._worker.start()
+
+    def _changed(self) -> bool:
+        """Whether the file is not the one indexed or has another size (a stat, no read)."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return self.file_size != 0
+        return (stat.st_dev, stat.st_ino) != self._identity or stat.st_size != self.file_size
 
     def wait(self, rows: int, timeout_s: float) -> None:
         """Return once `rows` lines are indexed, the file is indexed to its end, or the time is up."""

@@ -89,11 +89,13 @@ def test_lines_appended_while_reading_are_picked_up_and_a_torn_tail_waits(tmp_pa
     with open(path, "ab") as handle:
         handle.write(torn[:30])  # a collector mid-write
     assert index.refresh() and index.complete and index.count == 5 and index.bad_count == 0
-    index.start_background()  # the indexing thread waits for the rest of the line, it does not spin
-    index._worker.join(timeout=5)
-    assert not index._worker.is_alive()
     with open(path, "ab") as handle:
-        handle.write(torn[30:] + b"\n")
+        handle.write(torn[30:40])  # more of it, still no newline
+    index.start_background()  # the indexing thread reads it and stops: it waits for the newline, no spinning
+    index._worker.join(timeout=5)
+    assert not index._worker.is_alive() and index.count == 5
+    with open(path, "ab") as handle:
+        handle.write(torn[40:] + b"\n")
     write(path, [rollout(6)], "ab")
     assert index.refresh() and index.count == 7
     assert index.read(5)["rollout_id"] == rollout(5)["rollout_id"]
