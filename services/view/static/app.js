@@ -138,8 +138,8 @@ async function pageRuns(refreshing) {
   live(data.runs.some((r) => !r.indexed_complete) ? "indexing…" : "");
 }
 
-async function renderTraining(card, id, compact) {
-  const t = await api(`api/trainings/${id}`);
+async function renderTraining(card, id, compact, fetched) {
+  const t = fetched || await api(`api/trainings/${id}`);
   if (!compact) card.append(el("h2", { text: `training: ${t.label}` }));
   const h = t.history;
   const row = el("div", { class: "charts" });
@@ -169,12 +169,14 @@ async function renderTraining(card, id, compact) {
     el("img", { class: "plot", src: `api/trainings/${id}/plot?t=${Date.now()}`, alt: "reward per epoch" }));
 }
 
-async function pageTraining(id) {
+async function pageTraining(id, refreshing) {
   crumbs(["runs", "#/"], [`training ${id}`, null]);
+  const t = await api(`api/trainings/${id}`);
+  if (unchanged(refreshing, t)) return;
   const card = el("div", { class: "card training", "data-training": id });
   destroyCharts();
   main.replaceChildren(card);
-  await renderTraining(card, id, false);
+  await renderTraining(card, id, false, t);
 }
 
 const COLUMNS = [
@@ -416,7 +418,7 @@ async function route(refreshing) {
   if (!refreshing) delete document.body.dataset.rendered;
   try {
     if (!parts.length) await pageRuns(refreshing);
-    else if (parts[0] === "training") await pageTraining(parts[1]);
+    else if (parts[0] === "training") await pageTraining(parts[1], refreshing);
     else if (parts[0] === "run" && parts[2] === "rollout") await pageRollout(parts[1], parts[3]);
     else if (parts[0] === "run" && parts[2] === "group") await pageGroup(parts[1], parts[3]);
     else if (parts[0] === "run") await pageRollouts(parts[1], queryString || "", refreshing);
@@ -425,8 +427,8 @@ async function route(refreshing) {
     showError(error);
   }
   document.body.dataset.rendered = "#" + hash; // tells a reader (or a test) the page is drawn
-  // Lists and summaries follow files that are still being written; one rollout's page does not change.
-  if (!parts.length || (parts[0] === "run" && parts.length === 2)) {
+  // Lists, summaries and training curves follow files still being written; a rollout does not change.
+  if (!parts.length || parts[0] === "training" || (parts[0] === "run" && parts.length === 2)) {
     const tick = () => {
       if (document.hidden || document.activeElement.closest("form")) timer = setTimeout(tick, REFRESH_MS);
       else route(true);
