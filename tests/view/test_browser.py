@@ -124,9 +124,11 @@ def test_pages_in_a_headless_browser(collection: Path, browser: Any, tmp_path: P
 
         # Filters and sorting: only rollouts with reward 1, slowest first.
         show(f"#/run/{weather}?reward_min=1&sort=latency&desc=true")
-        rows = [[cell.text for cell in row.find_elements(By.TAG_NAME, "td")] for row in css("tr.rollout")]
-        assert rows and {row[4] for row in rows} == {"1"}, rows
-        latencies = [float(row[11]) for row in rows]
+        headers = [th.text.rstrip(" ▲▼") for th in css("table.rollouts th")]
+        rows = [dict(zip(headers, (cell.text for cell in row.find_elements(By.TAG_NAME, "td"))))
+                for row in css("tr.rollout")]
+        assert rows and {row["reward"] for row in rows} == {"1"}, rows
+        latencies = [float(row["latency s"]) for row in rows]
         assert latencies == sorted(latencies, reverse=True)
 
         # One rollout: the tool call with its arguments, and tokens coloured by logprob.

@@ -197,7 +197,10 @@ async function pageRollouts(runId, params, refreshing) {
   const table = el("table", { class: "rollouts" });
   const sort = query.get("sort") || "line";
   const desc = query.get("desc") === "true";
-  table.append(el("tr", {}, COLUMNS.map(([, label, key]) => {
+  // environment and model version only when some rollout has one
+  const columns = COLUMNS.filter(([field]) => (field !== "env" || data.choices.env.length) &&
+                                              (field !== "model_version" || data.choices.version.length));
+  table.append(el("tr", {}, columns.map(([, label, key]) => {
     const th = el("th", { class: key ? `sortable${key === sort ? " sorted" : ""}` : null,
                           text: label + (key === sort ? (desc ? " ▼" : " ▲") : "") });
     if (key) th.addEventListener("click", () => {
@@ -209,7 +212,7 @@ async function pageRollouts(runId, params, refreshing) {
   for (const row of data.rows) {
     const tr = el("tr", { class: "rollout", "data-line": row.line,
                           onclick: () => { location.hash = `#/run/${runId}/rollout/${row.line}`; } });
-    for (const [field] of COLUMNS) {
+    for (const [field] of columns) {
       let cell;
       if (field === "status") cell = el("td", {}, statusBadge(row.status));
       else if (field === "group_id") cell = el("td", {}, el("a", { href: `#/run/${runId}/group/${encodeURIComponent(row.group_id)}`,
@@ -252,9 +255,9 @@ function filterForm(runId, query, choices) {
     input("reward_min", "reward ≥", { type: "number", step: "any" }),
     input("reward_max", "reward ≤", { type: "number", step: "any" }),
     input("group", "group", { type: "text" }),
-    select("env", choices.env, "environment / agent"),
+    choices.env.length ? select("env", choices.env, "environment / agent") : null,
     select("prefix_ok", ["true", "false", "none"], "prefix ok"),
-    select("version", choices.version, "model version"),
+    choices.version.length ? select("version", choices.version, "model version") : null,
     el("button", { type: "submit", text: "filter" }),
     el("a", { href: `#/run/${runId}`, text: "clear" }));
   form.addEventListener("submit", (event) => {
