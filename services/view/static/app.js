@@ -229,7 +229,8 @@ async function pageRollouts(runId, params, refreshing) {
   const move = (to) => { query.set("offset", String(Math.max(0, to))); location.hash = `#/run/${runId}?${query}`; };
   const pager = () => el("div", { class: "pager" },
     el("button", { onclick: () => move(offset - limit), disabled: offset === 0 ? "disabled" : null, text: "‹ previous" }),
-    el("span", { class: "count", text: `${data.total ? offset + 1 : 0}–${Math.min(offset + limit, data.total)} of ${data.total}` +
+    el("span", { class: "count", text: (offset < data.total ? `${offset + 1}–${Math.min(offset + limit, data.total)}`
+      : `none past ${data.total}`) + ` of ${data.total}` +
       (data.complete ? "" : ` (indexed ${data.indexed} lines so far)`) }),
     el("button", { onclick: () => move(offset + limit), disabled: offset + limit >= data.total ? "disabled" : null, text: "next ›" }));
   const failureTable = el("table", { class: "failures" },
