@@ -63,12 +63,13 @@ function barChart(target, title, edges, counts, xLabel) {
   charts.push(new uPlot({
     width, height, legend: { show: false },
     scales: { x: { time: false, range: [edges[0] - step / 2, edges[edges.length - 1] + step / 2] } },
-    axes: [{ label: xLabel }, { label: "rollouts" }],
+    axes: [{ label: xLabel }, { label: "rollouts", size: 56, values: (u, ticks) => ticks.map((v) => COMPACT.format(v)) }],
     series: [{}, { label: "rollouts", fill: "rgba(47,111,219,0.45)", stroke: "#2f6fdb",
                    paths: uPlot.paths.bars({ size: [0.9, Infinity] }), points: { show: false } }],
   }, [mids, counts], box));
 }
 
+const COMPACT = new Intl.NumberFormat("en", { notation: "compact" }); // 600K, not 600,000 over the axis label
 const INTEGER_STEPS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
 const PALETTE = ["#2f6fdb", "#2e9d57", "#d98b2b", "#b06ad9", "#c23b3b", "#3aa6b9", "#7a828c"];
 function lineChart(target, title, xs, named, xLabel, yLabel, yRange) {
