@@ -143,6 +143,13 @@ def test_catalog_finds_runs_in_folders_and_names_what_is_wrong(tmp_path: Path) -
     assert sorted(run.label.split("/")[-1] for run in catalog.runs.values()) == ["a.jsonl", "b.jsonl"]
     with pytest.raises(ViewError, match="no such file"):
         Catalog([tmp_path / "missing.jsonl"])
+    training = tmp_path / "train"
+    (training / "epoch-001").mkdir(parents=True)
+    write(training / "epoch-001" / "rollouts.jsonl", [rollout(2, response={"output": []})])
+    write(training / "history.jsonl", [{"epoch": 1, "train": {"mean_reward": 0.5}}])
+    found = Catalog([training])
+    (only,) = found.trainings.values()
+    assert [found.runs[r].label.split("/")[-2:] for r in only.runs] == [["epoch-001", "rollouts.jsonl"]]
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ViewError, match="no rollouts files"):
