@@ -7,6 +7,7 @@ import secrets
 import socket
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
           tokenizer: str | None = "auto", pass_threshold: float = 1.0, open_browser: bool = False) -> int:
@@ -43,8 +44,9 @@ def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 0, token: s
     sock.listen(128)  # connections wait in the backlog until uvicorn serves them
     port = sock.getsockname()[1]  # the one picked when asked for 0
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    url = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/" + (f"?token={token}" if token else "")
-    runs = ", ".join(run.label for run in catalog.runs.values()) or "none"
+    url = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/" + (f"?token={quote(token)}" if token else "")
+    labels = [run.label for run in catalog.runs.values()]
+    runs = ", ".join(labels[:5]) + (f", and {len(labels) - 5} more" if len(labels) > 5 else "") or "none"
     print(f"rollgym view: {len(catalog.runs)} rollouts file(s) ({runs}); "
           f"{len(catalog.trainings)} training run(s)", flush=True)
     print(f"rollgym view: open {url}   (Ctrl-C to stop)", flush=True)
