@@ -63,30 +63,45 @@ def token_view(row: dict[str, Any], vocabulary: Vocabulary | None) -> dict[str, 
     response = row.get("response") if isinstance(row.get("response"), dict) else {}
     model = response.get("model")
     decode = vocabulary is not None and vocabulary.applies_to(model)
-    views = []
+    views, malformed = [], 0
     for sequence in sequences:
-        if not isinstance(sequence, dict):
+        view = _sequence_view(sequence)
+        if view is None:
+            malformed += 1
             continue
-        prompt = [int(i) for i in sequence.get("prompt_ids") or []]
-        completion = [int(i) for i in sequence.get("completion_ids") or []]
-        mask = list(sequence.get("completion_mask") or [1] * len(completion))
-        logprobs = list(sequence.get("completion_logprobs") or [])
-        marks = np.diff(np.concatenate([[0], np.asarray(mask, dtype=np.int8)]))
-        views.append({
-            "prompt_ids": prompt, "completion_ids": completion, "mask": mask, "logprobs": logprobs,
-            "turn_starts": np.flatnonzero(marks == 1).tolist(),
-            "model_versions": sequence.get("model_versions"),
-            "prompt_text": vocabulary.pieces(prompt) if decode else None,
-            "completion_text": vocabulary.pieces(completion) if decode else None,
-        })
+        view["prompt_text"] = vocabulary.pieces(view["prompt_ids"]) if decode else None
+        view["completion_text"] = vocabulary.pieces(view["completion_ids"]) if decode else None
+        views.append(view)
     reason = None
     if not sequences:
         reason = "this rollout has no token sequences (the model server returned no token ids)"
     elif vocabulary is None:
         reason = "token ids only: no tokenizer (install the llamacpp extra, or pass --tokenizer MODEL.gguf)"
     elif not decode:
-        reason = f"token ids only: sampled by '{model}', not by {vocabulary.model_name} (--tokenizer PATH to force)"
+        sampler = f"sampled by '{model}'" if model else "the response names no model"
+        reason = f"token ids only: {sampler}, not {vocabulary.model_name} (--tokenizer PATH to force)"
     elif vocabulary.error:
         reason = f"token ids only: the tokenizer could not be loaded ({vocabulary.error})"
+    if malformed:
+        reason = f"{malformed} sequence(s) not shown: ids, mask or logprobs are not lists of numbers of one length" \
+            + (f"; {reason}" if reason else "")
     return {"sequences": views, "prefix_ok": row.get("prefix_ok"), "decoded": decode and not vocabulary.error,
             "note": reason}
+
+
+def _sequence_view(sequence: Any) -> dict[str, Any] | None:
+    """One sequence's ids, mask, logprobs and turn starts; None when it is malformed."""
+    if not isinstance(sequence, dict):
+        return None
+    try:
+        prompt = [int(i) for i in sequence.get("prompt_ids") or []]
+        completion = [int(i) for i in sequence.get("completion_ids") or []]
+        mask = [int(m) for m in sequence.get("completion_mask") or [1] * len(completion)]
+        logprobs = [float(x) for x in sequence.get("completion_logprobs") or []]
+    except (TypeError, ValueError):
+        return None
+    if len(mask) != len(completion) or (logprobs and len(logprobs) != len(completion)):
+        return None
+    marks = np.diff(np.concatenate([[0], np.asarray(mask, dtype=np.int8)]))
+    return {"prompt_ids": prompt, "completion_ids": completion, "mask": mask, "logprobs": logprobs,
+            "turn_starts": np.flatnonzero(marks == 1).tolist(), "model_versions": sequence.get("model_versions")}

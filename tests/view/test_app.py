@@ -114,6 +114,9 @@ def test_token_view_decodes_only_rollouts_of_the_vocabularys_model() -> None:
     assert view["decoded"] and "".join(view["sequences"][0]["completion_text"]).strip() == "Paris is sunny ☀"
     broken = token_view({**row, "prefix_ok": False, "sequences": row["sequences"] * 2}, vocabulary)
     assert len(broken["sequences"]) == 2 and broken["prefix_ok"] is False  # the page marks the break between them
+    odd = token_view({**row, "sequences": [{"prompt_ids": ["a"], "completion_ids": [1]}, 7, *row["sequences"]]},
+                     vocabulary)
+    assert len(odd["sequences"]) == 1 and odd["note"].startswith("2 sequence(s) not shown")
     other = token_view({**row, "response": {"model": "scripted"}}, vocabulary)
     assert not other["decoded"] and other["sequences"][0]["completion_text"] is None and "scripted" in other["note"]
 

@@ -291,9 +291,10 @@ function conversation(row) {
   const box = el("div", { class: "conversation" });
   const params = row.responses_create_params || {};
   if (params.instructions) box.append(message("system", "instructions", el("pre", { text: params.instructions })));
-  const input = typeof params.input === "string" ? [{ role: "user", content: params.input }] : (params.input || []);
-  const output = (row.response && row.response.output) || [];
-  for (const item of [...input, ...output.map((o) => ({ ...o, _generated: true }))]) box.append(renderItem(item));
+  const input = typeof params.input === "string" ? [{ role: "user", content: params.input }]
+    : Array.isArray(params.input) ? params.input : [];
+  const output = row.response && Array.isArray(row.response.output) ? row.response.output : [];
+  for (const item of [...input, ...output]) box.append(renderItem(item && typeof item === "object" ? item : { type: "unknown", value: item }));
   return box;
 }
 
