@@ -49,6 +49,9 @@ def serve(paths: list[Path], *, host: str = "127.0.0.1", port: int = 0, token: s
     runs = ", ".join(labels[:5]) + (f", and {len(labels) - 5} more" if len(labels) > 5 else "") or "none"
     print(f"rollgym view: {len(catalog.runs)} rollouts file(s) ({runs}); "
           f"{len(catalog.trainings)} training run(s)", flush=True)
+    if vocabulary is not None:
+        scope = "every rollout" if vocabulary.any_model else "the rollouts it sampled"
+        print(f"rollgym view: token ids decoded with {vocabulary.gguf.name} for {scope}", flush=True)
     print(f"rollgym view: open {url}   (Ctrl-C to stop)", flush=True)
     if open_browser:
         import webbrowser
