@@ -33,6 +33,7 @@ COLUMNS: dict[str, tuple[Any, Any]] = {
     "version": (np.int32, 0),
     "prefix_ok": (np.int8, -1),  # -1: no tokens, 0: a prefix broke, 1: exact
     "latency": (np.float32, math.nan),
+    "input_tokens": (np.int32, 0),
     "output_tokens": (np.int32, 0),
     "turns": (np.int32, 0),
 }
@@ -269,14 +270,14 @@ class RolloutIndex:
         if type(metrics) is not dict:
             metrics = _EMPTY
         reward, latency = get("reward"), metrics.get("latency_s")
-        tokens, turns = metrics.get("output_tokens"), metrics.get("turns")
+        tokens_in, tokens, turns = metrics.get("input_tokens"), metrics.get("output_tokens"), metrics.get("turns")
         prefix = get("prefix_ok")
         return (
             offset, length, reward if type(reward) in _NUMBERS else math.nan,
             self.statuses.code(get("status") or "ok"), self.groups.code(get("group_id")),
             self.envs.code(environment_of(row)), self.versions.code(model_version_of(row)),
             -1 if prefix is None else int(bool(prefix)),
-            latency if type(latency) in _NUMBERS else math.nan,
+            latency if type(latency) in _NUMBERS else math.nan, tokens_in if type(tokens_in) is int else 0,
             tokens if type(tokens) is int else 0, turns if type(turns) is int else 0,
         )
 

@@ -175,7 +175,8 @@ def summarize_run(run: Run, pass_threshold: float = 1.0) -> dict[str, Any]:
         "failure_status_counts": dict(sorted(failure_statuses.items())),
         "pass_at_k": pass_curve(cols["group"], rewards, pass_threshold),
         "pass_threshold": pass_threshold,
-        "tokens": {"output_mean": _clean(float(cols["output_tokens"].mean())) if count else None},
+        "tokens": {"input_mean": _clean(float(cols["input_tokens"].mean())) if count else None,
+                   "output_mean": _clean(float(cols["output_tokens"].mean())) if count else None},
         "latency_s": {f"p{q}": _clean(float(np.percentile(latency, q))) if latency.size else None
                       for q in (50, 95, 99)},
         "environments": sorted(v for v in run.rollouts.envs.values if v),

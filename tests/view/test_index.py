@@ -21,7 +21,7 @@ def rollout(n: int, **extra: Any) -> dict[str, Any]:
         "rollout_id": f"{group}-r{n % 4}", "group_id": group, "reward": (n % 5) / 4,
         "status": ["ok", "ok", "truncated", "max_steps"][n % 4],
         "agent_ref": {"type": "agents", "name": "weather_agent" if n % 2 else "reverse_text_agent"},
-        "metrics": {"latency_s": 1.0 + n / 100, "output_tokens": 10 + n, "turns": 1 + n % 3},
+        "metrics": {"latency_s": 1.0 + n / 100, "input_tokens": 100 + n, "output_tokens": 10 + n, "turns": 1 + n % 3},
         "prefix_ok": [True, False, None][n % 3],
         "response": {"output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}],
                                  "model_version": f"v{n % 2}"}]},
@@ -129,6 +129,7 @@ def test_summary_and_pass_at_k_follow_the_collectors_definitions(tmp_path: Path)
     assert summary["mean_reward"] == pytest.approx(expected["mean_reward"])
     assert summary["latency_s"]["p95"] == pytest.approx(expected["latency_s"]["p95"])
     assert summary["status_counts"] == expected["status_counts"]
+    assert summary["tokens"] == {k: pytest.approx(expected["tokens"][k]) for k in ("input_mean", "output_mean")}
     assert pass_curve(*[__import__("numpy").array(v) for v in ([], [])], 1.0) == {}
 
 

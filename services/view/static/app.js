@@ -106,7 +106,7 @@ async function pageRuns(refreshing) {
       figure("rollouts", fmt(run.rollouts)), figure("groups", fmt(run.groups)),
       figure("mean reward", fmt(run.mean_reward)), figure("reward std", fmt(run.reward_std)), ...passes,
       figure("failed attempts", fmt(run.failed)),
-      run.metrics_file && run.metrics_file.failed !== undefined ? figure("failed rollouts (metrics.json)", fmt(run.metrics_file.failed)) : null, figure("output tokens / rollout", fmt(run.tokens.output_mean, 1)),
+      run.metrics_file && run.metrics_file.failed !== undefined ? figure("failed rollouts (metrics.json)", fmt(run.metrics_file.failed)) : null, figure("tokens / rollout (in / out)", `${fmt(run.tokens.input_mean, 0)} / ${fmt(run.tokens.output_mean, 0)}`),
       figure("latency p50 / p95 / p99 (s)", ["p50", "p95", "p99"].map((q) => fmt(run.latency_s[q], 2)).join(" / "))));
     const statuses = Object.entries(run.status_counts).map(([s, n]) => el("span", {}, statusBadge(s), ` ${n}  `));
     const failed = Object.entries(run.failure_status_counts).map(([s, n]) => el("span", {}, statusBadge(s), ` ${n}  `));
