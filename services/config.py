@@ -23,6 +23,7 @@ Next to `entrypoint`, two more keys are the stack's, not the server's (docs/depl
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,10 @@ def _parse_overrides(overrides: list[str], merged: DictConfig) -> DictConfig:
             raise ConfigError(f"override {override!r} must look like key.path=value")
         parts = key.strip().split(".")
         instance = merged.get(parts[0]) if parts[0] in merged else None
+        if instance is None and len(parts) > 1 and parts[1] not in ROLES and parts[1] not in ROLE_ALIASES:
+            # Not a new server (that would name its role next), so a server name the configs lack: a typo.
+            raise ConfigError(f"override {override!r}: no server named '{parts[0]}' in the configs"
+                              f"{_did_you_mean(parts[0], [str(name) for name in merged])}")
         # Shorthand: `weather.session_ttl_s=60` means weather.<role>.<folder>.session_ttl_s.
         if isinstance(instance, DictConfig) and len(parts) > 1 and parts[1] not in ROLES and parts[1] not in ROLE_ALIASES:
             role = next(iter(instance), None)
@@ -166,6 +171,13 @@ def _parse_overrides(overrides: list[str], merged: DictConfig) -> DictConfig:
         return OmegaConf.from_dotlist(dotlist)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"bad override: {_omegaconf_message(exc)}") from None
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    return f" (servers: {', '.join(sorted(known))})" if known else ""
 
 
 def _server_spec(name: str, entry: Any, source: str) -> ServerSpec:

@@ -161,8 +161,11 @@ class SimpleAgent(AgentServer):
     async def _model_call(self, body: dict[str, Any], loop: Loop) -> dict[str, Any]:
         started = time.perf_counter()
         try:
+            # Re-sent only when undelivered: the model server has already retried its backend on 429
+            # and 5xx, so retrying its answer here would multiply the backend's requests.
             reply = await self.client.post(
-                self.config.model_server.name, "/v1/responses", json=body, timeout_s=self.config.model_timeout_s
+                self.config.model_server.name, "/v1/responses", json=body, timeout_s=self.config.model_timeout_s,
+                retry_statuses=(),
             )
         except ServerCallError as exc:
             raise RolloutAborted("timeout" if exc.kind == "timeout" else "model_error", str(exc)) from None

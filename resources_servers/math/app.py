@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,6 +23,10 @@ from pydantic import Field, field_validator
 
 from rollgym import BadRequest, ResourcesServer, ResourcesServerConfig, RunRequest, Verdict
 from rollgym.text import final_message_text, last_boxed
+
+# math-verify warns, once per process, that its own timeouts are off: the deadline here is ours
+# (see the module doc), so the warning is noise in every server log and `rollgym test` output.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 # The model's answer: LaTeX first, \boxed{} at top priority, then plain expressions such as "0.5".
 ANSWER_EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())

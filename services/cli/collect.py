@@ -38,7 +38,10 @@ def register(commands: Any) -> None:
                          help="set any responses_create_params key on every task, e.g. "
                               "--param 'tool_choice={\"type\": \"function\", \"name\": \"get_weather\"}'")
     collect.add_argument("--max-attempts", type=int, default=3, help="tries per rollout on infrastructure failure")
-    collect.add_argument("--timeout", type=float, default=3600.0, help="seconds one rollout may take")
+    collect.add_argument("--timeout", type=float, default=3600.0, help="seconds one attempt of a rollout may take")
+    collect.add_argument("--rollout-budget-s", type=float, metavar="SECONDS",
+                         help="seconds all the attempts of one rollout may take together, waits included "
+                              "(default: no limit beyond --max-attempts × --timeout)")
     collect.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass for pass@k")
     collect.add_argument("--no-progress", action="store_true", help="no progress bar")
     collect.add_argument("--allow-failures", action="store_true",
@@ -65,6 +68,9 @@ def run_collect(args: argparse.Namespace) -> int:
     for option in ("repeats", "concurrency", "max_attempts"):
         if getattr(args, option) < 1:
             raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    for option, value in (("--timeout", args.timeout), ("--rollout-budget-s", args.rollout_budget_s)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{option} must be a positive number of seconds, got {value}")
     check_output(output, input_path)
     params: dict[str, Any] = {}
     for item in args.param or []:
@@ -82,6 +88,7 @@ def run_collect(args: argparse.Namespace) -> int:
     options = CollectOptions(
         input=input_path, output=output, repeats=args.repeats, concurrency=args.concurrency,
         limit=args.limit, params=params, max_attempts=args.max_attempts, timeout_s=args.timeout,
+        budget_s=args.rollout_budget_s,
         pass_threshold=args.pass_threshold, progress=not args.no_progress,
         force_agent=bool(args.agent or args.agent_url),  # one agent named: every row goes there
     )

@@ -36,12 +36,24 @@ from ..testing import final_response
 @dataclass
 class FolderReport:
     folder: Path
+    root: Path | None = None  # paths under it are printed relative to it, as the rest of the CLI does
     lines: list[tuple[bool, str]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     def add(self, ok: bool, message: str) -> None:
+        message = self._relative(message)
         self.lines.append((ok, message))
         mark = "ok  " if ok else "FAIL"
         print(f"  {mark} {message}", flush=True)
+
+    def skip(self, message: str) -> None:
+        """A check that could not run here (no backend, no checks): neither passed nor failed."""
+        message = self._relative(message)
+        self.skipped.append(message)
+        print(f"  skip {message}", flush=True)
+
+    def _relative(self, message: str) -> str:
+        return message.replace(f"{self.root}/", "") if self.root is not None else message
 
     @property
     def ok(self) -> bool:
@@ -55,9 +67,9 @@ def server_folders(root: Path) -> list[Path]:
 
 def check_folder(folder: Path, *, run_tests: bool = True) -> FolderReport:
     folder = folder.resolve()
-    report = FolderReport(folder)
     role = folder.parent.name
     root = folder.parent.parent
+    report = FolderReport(folder, root=root if role in ROLES else Path.cwd().resolve())
     print(f"{role}/{folder.name}", flush=True)
     if role not in ROLES or not (folder / "app.py").is_file():
         report.add(False, f"{folder} is not a server folder (expected models/, agents/ or resources_servers/NAME with app.py)")
@@ -154,7 +166,7 @@ async def _environment_calls(registry: dict[str, ServerAddress], env: str, examp
         report.add(seeded == len(examples), f"{seeded} of {len(examples)} example rows accepted by /seed_session")
         skips = [c for c in checks if "skip" in c]
         if skips:
-            report.add(True, f"verify checks skipped: {skips[0]['skip']}")
+            report.skip(f"verify checks: {skips[0]['skip']}")
             return
         good = [c for c in checks if c.get("reward") == 1.0]
         bad = [c for c in checks if "reward_below" in c or ("reward" in c and c["reward"] < 1.0)]
@@ -205,7 +217,7 @@ def _live_model(folder: Path, root: Path, report: FolderReport) -> None:
     server_class = load_server_class(spec)
     reason = server_class.live_check_skip_reason(server_class.config_class.model_validate(spec.options))
     if reason:
-        report.add(True, f"live check skipped: {reason}")
+        report.skip(f"live check: {reason}")
         return
     stack = Stack(_stack_for(configs, set(names[:1])))
     registry = stack.start(timeout_s=180)
@@ -223,8 +235,8 @@ async def _model_calls(registry: dict[str, ServerAddress], name: str, report: Fo
         report.add(models.ok and bool(models.json().get("data")), f"GET /v1/models: HTTP {models.status}")
         reply = await client.post(name, "/v1/responses", json={"input": "Say hello.", "max_output_tokens": 8})
         if reply.status in (502, 504):
-            report.add(True, f"POST /v1/responses: no backend reachable ({reply.error_message()[:80]}); "
-                             "point base_url at one to check generation")
+            report.skip(f"POST /v1/responses: no backend reachable ({reply.error_message()[:80]}); "
+                        "point base_url at one to check generation")
         else:
             report.add(reply.ok and bool(reply.json().get("output")), f"POST /v1/responses: HTTP {reply.status}")
     finally:

@@ -55,6 +55,7 @@ class CollectOptions:
     params: dict[str, Any] = field(default_factory=dict)  # merged into every responses_create_params
     max_attempts: int = 3
     timeout_s: float = 3600.0
+    budget_s: float | None = None  # all the attempts of one rollout, waits included (RetryPolicy.budget_s)
     pass_threshold: float = 1.0
     progress: bool = True
     force_agent: bool = False  # every row to the collector's agent, whatever its agent_ref names
@@ -152,4 +153,4 @@ def check_routes(tasks: list[Task], registry: dict[str, Any], options: CollectOp
 
 
 def retry_policy(options: CollectOptions) -> RetryPolicy:
-    return RetryPolicy(max_attempts=options.max_attempts, timeout_s=options.timeout_s)
+    return RetryPolicy(max_attempts=options.max_attempts, timeout_s=options.timeout_s, budget_s=options.budget_s)

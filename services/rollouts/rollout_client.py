@@ -165,7 +165,8 @@ class RolloutClient:
     "max_output_tokens": 256}`); `run(..., params=)` adds more for one call. `timeout_s` bounds one
     rollout; `max_attempts` is the tries per rollout for infrastructure failures; `http_retries` is
     how often one HTTP call is retried on connection errors, 429 and 5xx before that counts as a
-    failed attempt; `retry_backoff_s` scales the jittered exponential wait between attempts.
+    failed attempt; `retry_backoff_s` scales the jittered exponential wait between attempts;
+    `rollout_budget_s` bounds all the attempts of one rollout together, waits included.
     """
 
     def __init__(
@@ -180,6 +181,7 @@ class RolloutClient:
         http_retries: int = 2,
         retry_backoff_s: float = 0.5,
         concurrency: int = 32,
+        rollout_budget_s: float | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -187,6 +189,8 @@ class RolloutClient:
             raise ValueError("timeout_s must be positive")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if rollout_budget_s is not None and rollout_budget_s <= 0:
+            raise ValueError("rollout_budget_s must be positive")
         self.registry, self.url_target = _registry(target, auth_token)
         self.agent = self._default_agent(agent)
         self.timeout_s = timeout_s
@@ -195,6 +199,7 @@ class RolloutClient:
         self.http_retries = http_retries
         self.retry_backoff_s = retry_backoff_s
         self.concurrency = concurrency
+        self.rollout_budget_s = rollout_budget_s
         self._lock = threading.Lock()
         self._runner: _LoopThread | None = None
         self._client: ServerClient | None = None
@@ -358,7 +363,7 @@ class RolloutClient:
     async def _rollout(self, client: ServerClient, job: _Job) -> dict[str, Any] | RolloutFailure:
         """One rollout under the shared retry policy (rollgym.rollouts.attempts), as the collector does."""
         policy = RetryPolicy(max_attempts=self.max_attempts, timeout_s=self.timeout_s, backoff_s=self.retry_backoff_s,
-                             backoff_max_s=20 * self.retry_backoff_s)
+                             backoff_max_s=20 * self.retry_backoff_s, budget_s=self.rollout_budget_s)
 
         def failed(attempt: FailedAttempt) -> None:
             log.warning("rollout %s attempt %d/%d failed (%s): %s%s", attempt.rollout_id, attempt.attempt,

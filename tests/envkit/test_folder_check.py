@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 import uuid
@@ -47,11 +48,33 @@ def test_bad_arguments() -> None:
     assert "must be lower_snake_case" in rollgym("init", "resources_servers/Bad-Name").stderr
     assert "goes in resources_servers/NAME" in rollgym("init", "elsewhere/thing").stderr
     result = rollgym("test", "docs")
-    assert result.returncode == 1 and "is not a server folder" in result.stdout
+    assert result.returncode == 1 and "FAIL docs is not a server folder" in result.stdout
+    assert str(REPO_ROOT) not in result.stdout  # repository-relative, as every other message
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_all_says_skipped_without_a_backend_and_prints_no_library_logs() -> None:
+    # The model config's default backend (127.0.0.1:8000) is not running: its generation check is
+    # skipped, not "ok"; the math environment's grading prints no math-verify warnings.
+    result = rollgym("test", "--no-tests", "models/chat_completions", "resources_servers/math")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Timeout is disabled" not in output and "math_verify" not in output
+    assert not [line for line in output.splitlines() if line.strip().startswith("ok") and "no backend" in line]
+    if not _port_open(8000):
+        assert "skip POST /v1/responses: no backend reachable" in result.stdout
+        assert "2 passed, 0 failed (1 passed with checks skipped)" in result.stdout
+        assert "  skipped: models/chat_completions: POST /v1/responses: no backend reachable" in result.stdout
+    assert "ok   check 1: reward 1.0 (expected 1.0)" in result.stdout  # the math checks did run
 
 
 def test_a_server_that_needs_a_secret_says_why_it_is_not_checked_live(monkeypatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     result = rollgym("test", "--no-tests", "models/openai_responses")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "live check skipped: needs an OpenAI API key (set OPENAI_API_KEY)" in result.stdout
+    assert "skip live check: needs an OpenAI API key (set OPENAI_API_KEY)" in result.stdout

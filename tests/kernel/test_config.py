@@ -80,6 +80,19 @@ def test_bad_override_syntax() -> None:
         load_stack([WEATHER, CHAT], ["=3"])
 
 
+def test_override_of_a_misspelt_server_names_the_server_not_a_role() -> None:
+    # `weathr.replicas=2` once read as a new server whose role is 'replicas'.
+    with pytest.raises(ConfigError) as caught:
+        load_stack([WEATHER, CHAT], ["weathr.replicas=2"])
+    assert "no server named 'weathr'" in str(caught.value) and "did you mean 'weather'" in str(caught.value)
+    assert "role" not in str(caught.value)
+    with pytest.raises(ConfigError, match=r"no server named 'zzz' .*servers: policy_model, weather, weather_agent"):
+        load_stack([WEATHER, CHAT], ["zzz.replicas=2"])
+    # A new server defined by overrides (its role next) is still allowed.
+    stack = load_stack([WEATHER, CHAT], ["extra.resources_servers.weather.domain=other"])
+    assert stack.servers["extra"].role == "resources_servers"
+
+
 def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROLLGYM_BACKEND_API_KEY", "sk-test")
     assert load_stack([WEATHER, CHAT]).servers["policy_model"].options["api_key"] == "sk-test"
