@@ -24,6 +24,7 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 from ..chat_conversion import ConversionError, responses_to_chat_request
+from ..rollouts.attempts import agent_ref_name
 from .jsonl import Report, iter_jsonl
 
 FORMATS = ("sft", "dpo", "grpo", "hf")
@@ -129,12 +130,7 @@ def task_type(row: dict[str, Any]) -> str | None:
     value = row.get("task_type")
     if value not in (None, ""):
         return str(value)
-    ref = row.get("agent_ref")
-    if isinstance(ref, dict) and ref.get("name"):
-        return str(ref["name"])
-    if isinstance(ref, str) and ref:
-        return ref
-    return None
+    return agent_ref_name(row)
 
 
 def sft_record(row: dict[str, Any]) -> dict[str, Any]:

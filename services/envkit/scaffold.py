@@ -84,15 +84,13 @@ TESTS = '''"""{name}: the reward function, then the server over real HTTP."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import httpx
 
-from resources_servers.{name}.app import {cls}Server, score
+from resources_servers.{name}.app import score
+from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, serve_in_thread
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "data" / "example.jsonl"
+ENV = env_folder(__file__)  # this folder: its data/ rows, and its servers built from configs/{name}.yaml
 
 
 def test_score() -> None:
@@ -101,9 +99,8 @@ def test_score() -> None:
 
 
 def test_server() -> None:
-    rows = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
-    with serve_in_thread({cls}Server(name="{name}")) as url, httpx.Client(base_url=url) as http:
-        for row in rows:
+    with serve_in_thread(ENV.build("{name}")) as url, httpx.Client(base_url=url) as http:
+        for row in ENV.rows():
             assert http.post("/seed_session", json=row).status_code == 200
             key = next(iter(row["facts"]))
             assert http.post("/lookup", json={{"key": key}}).text == row["facts"][key]

@@ -111,6 +111,9 @@ def test_output_mistakes_are_refused(tmp_path: Path, capsys) -> None:
         (["--output", str(tasks)], "would write over the --input file"),
         (["--output", str(tmp_path)], "is a folder"),
         (["--output", str(tmp_path / "o.jsonl"), "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+        (["--output", str(tmp_path / "o.jsonl"), "--rollout-budget-s", "0"],
+         "--rollout-budget-s must be a positive number of seconds, got 0.0"),
+        (["--output", str(tmp_path / "o.jsonl"), "--timeout", "-1"], "--timeout must be a positive number of seconds"),
     ]
     for extra, message in cases:
         code = collect("--agent-url", "http://127.0.0.1:9", "--input", str(tasks), *extra)

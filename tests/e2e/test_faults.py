@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -285,6 +286,50 @@ def test_flaky_backend_every_rollout_is_a_reward_or_a_recorded_failure(tmp_path:
         assert metrics["mean_reward"] == pytest.approx(sum(rewards) / len(rewards))
     print(f"flaky backend (seed {seed}): {len(rollouts)} ok, {len(failures)} failed attempts, "
           f"{len(final_ids)} final failures, {wall:.1f} s")
+
+
+def _generation_requests(backend_url: str) -> int:
+    """How many generation requests (chat or completions) the scripted backend has received."""
+    with urllib.request.urlopen(backend_url.removesuffix("/v1") + "/scripted/requests", timeout=10) as reply:
+        log = json.loads(reply.read())["requests"]
+    return sum(1 for entry in log if entry["path"] in ("/v1/chat/completions", "/v1/completions"))
+
+
+def test_a_backend_that_always_fails_gets_a_bounded_number_of_requests_per_rollout(tmp_path: Path) -> None:
+    # One retry layer per hop (docs/data-formats.md, "Retries"): the model server tries its backend
+    # 1 + max_retries times, the agent does not retry the model server's 429/5xx answer, and the
+    # collector attempts the rollout --max-attempts times: 3 × 3 backend requests per rollout here
+    # (48 when the agent's client retried the model server as well).
+    tasks = tmp_path / "tasks.jsonl"
+    make_tasks(tasks, 2)
+    output = tmp_path / "failing.jsonl"
+    failures_path, _ = companions(output)
+    with scripted_backend("--fail-rate", "1") as backend_url, \
+            rollgym_run(tmp_path, backend_url, "policy_model.max_retries=2") as (_, registry, _):
+        result = subprocess.run(collect_cmd(registry, tasks, output, "--max-attempts", "3"),
+                                cwd=REPO_ROOT, capture_output=True, text=True, timeout=55)
+        sent = _generation_requests(backend_url)
+        assert result.returncode == 1, result.stdout + result.stderr  # no rollout succeeded
+        assert sent == 2 * 3 * 3, f"{sent} backend requests for 2 rollouts"
+        assert read_jsonl(output) == []  # a failure is never a reward
+        failures = read_jsonl(failures_path)
+        assert sorted((f["group_id"], f["attempt"]) for f in failures) == \
+            sorted((group, attempt) for group in {f["group_id"] for f in failures} for attempt in (1, 2, 3))
+        assert {f["status"] for f in failures} == {"model_error"} and sum(f["final"] for f in failures) == 2
+
+        # The per-rollout budget bounds the attempts in time whatever --max-attempts says.
+        budgeted = tmp_path / "budgeted.jsonl"
+        started = time.monotonic()
+        result = subprocess.run(collect_cmd(registry, tasks, budgeted, "--max-attempts", "50", "--rollout-budget-s", "2"),
+                                cwd=REPO_ROOT, capture_output=True, text=True, timeout=55)
+        wall = time.monotonic() - started
+        extra = _generation_requests(backend_url) - sent
+    assert result.returncode == 1, result.stdout + result.stderr
+    attempts = read_jsonl(companions(budgeted)[0])
+    assert all(f["status"] in FAILURE_STATUSES for f in attempts) and sum(f["final"] for f in attempts) == 2
+    assert 2 <= len(attempts) < 2 * 50 and extra == 3 * len(attempts), (len(attempts), extra)
+    assert wall < 2 + 15, f"collection took {wall:.1f} s with a 2 s budget per rollout"
+    assert read_jsonl(budgeted) == []
 
 
 # --- a server dies mid-run ----------------------------------------------------------------------------

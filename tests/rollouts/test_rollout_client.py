@@ -257,6 +257,19 @@ def test_a_hanging_rollout_times_out_within_bounds() -> None:
     assert [f.status for f in result.failures] == ["timeout"] and result.failures[0].attempts == 2
 
 
+def test_the_rollout_budget_bounds_all_attempts_together() -> None:
+    # Every attempt hangs; --max-attempts alone would allow 100 × 0.5 s, the budget allows 1 s in all.
+    agent = ScriptedAgent(lambda payload, attempt: 5.0)
+    with serve_scripted(agent) as url, fast_client(url, timeout_s=0.5, max_attempts=100, rollout_budget_s=1.0) as client:
+        started = time.monotonic()
+        result = client.run_detailed_sync([reverse_row("slow")])
+        assert time.monotonic() - started < 3
+    [failure] = result.failures
+    assert failure.status == "timeout" and 2 <= failure.attempts <= 3 and not result.groups[0]
+    with pytest.raises(ValueError, match="rollout_budget_s must be positive"):
+        RolloutClient(url, rollout_budget_s=0)
+
+
 def test_an_unreachable_agent_is_an_agent_error() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
