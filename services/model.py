@@ -14,12 +14,13 @@ import secrets
 import time
 from typing import Any, ClassVar
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 
 from .adapters import (Adapter, AdapterRegistry, LoadLoraAdapterRequest, UnloadLoraAdapterRequest, model_card,
                        stamp_version)
 from .schema import ResponsesCreateParams
 from .server import BadRequest, BaseServer, JSONBytesResponse, parse_body, read_json
+from .streaming import stream_chat_completion, stream_response, wants_usage
 
 
 class ModelServer(BaseServer):
@@ -100,21 +101,30 @@ class ModelServer(BaseServer):
 
     def add_routes(self, app: FastAPI) -> None:
         @app.post("/v1/responses")
-        async def responses(request: Request) -> JSONBytesResponse:
+        async def responses(request: Request) -> Response:
             payload = await read_json(request)
             params = parse_body(ResponsesCreateParams, payload)
+            stream = payload.pop("stream", None)
+            if stream not in (None, True, False):
+                raise BadRequest("must be a boolean", field="stream")
             if isinstance(payload.get("input"), str):
                 payload = {**payload, "input": [{"role": "user", "content": payload["input"]}]}
-            return JSONBytesResponse(await self.responses(params, payload))
+            answer = await self.responses(params, payload)
+            # Generated whole, then sent as the SDK's event sequence (see rollgym.streaming).
+            return stream_response(answer) if stream else JSONBytesResponse(answer)
 
         @app.post("/v1/chat/completions")
-        async def chat_completions(request: Request) -> JSONBytesResponse:
+        async def chat_completions(request: Request) -> Response:
             payload = await read_json(request)
             if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
                 raise BadRequest("required: a list of chat messages", field="messages")
-            if payload.get("stream"):
-                raise BadRequest("streaming is not supported; send stream=false", field="stream")
-            return JSONBytesResponse(await self.chat_completions(payload))
+            stream = payload.pop("stream", None)
+            if stream not in (None, True, False):
+                raise BadRequest("must be a boolean", field="stream")
+            include_usage = wants_usage(payload)
+            payload.pop("stream_options", None)
+            answer = await self.chat_completions(payload)
+            return stream_chat_completion(answer, include_usage=include_usage) if stream else JSONBytesResponse(answer)
 
         @app.get("/v1/models")
         async def models() -> JSONBytesResponse:

@@ -187,6 +187,8 @@ class Sequence(BaseModel):
     completion_logprobs: list[float]
     # One entry per model call merged into this sequence, when the model server reports versions.
     model_versions: list[str | None] | None = None
+    # Set by agents whose rollouts branch into several sequences: whether this one's turns extend each other.
+    prefix_ok: bool | None = None
 
 
 class RunResponse(RunRequest):

@@ -1,0 +1,163 @@
+"""The model calls of one proxied rollout: what was sent, what came back, and the tokens behind it.
+
+An external agent only speaks chat: it echoes the conversation back without token fields. Before a
+call goes to the model server, `restore_tokens` finds the turns this rollout generated in the
+echoed history and puts their token record back on them, so the model server extends the exact
+tokens it sampled (no re-tokenisation drift). After the rollout, `sequences` groups the calls into
+token chains: a call whose prompt extends a chain joins it; one that does not starts a new chain.
+A new chain is a legitimate branch (parallel calls, a sub-agent, another prompt) unless its
+conversation continues an earlier call's conversation; then the tokens drifted and that sequence
+says `prefix_ok: false`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollgym.schema import TOKEN_FIELDS
+from rollgym.sequences import merge_sequences, token_record
+from rollgym.text import message_text
+
+Signature = tuple[Any, ...]
+
+
+def _canonical_arguments(arguments: Any) -> str:
+    """Tool-call arguments compared by meaning: SDKs re-serialise them with other spacing."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments
+    return json.dumps(arguments, sort_keys=True, separators=(",", ":"))
+
+
+def _output_text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        return "".join(str(part.get("text", "")) for part in output if isinstance(part, dict))
+    return json.dumps(output, sort_keys=True)
+
+
+def signature(item: Any) -> Signature | None:
+    """What identifies an item in a conversation, whatever SDK echoed it; None for items that do not
+    count (reasoning, which chat SDKs drop)."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type") or "message"
+    if kind == "message":
+        return ("message", item.get("role"), message_text(item).strip())
+    if kind == "function_call":
+        return ("function_call", item.get("call_id"), item.get("name"), _canonical_arguments(item.get("arguments")))
+    if kind == "function_call_output":
+        return ("function_call_output", item.get("call_id"), _output_text(item.get("output")).strip())
+    return None
+
+
+def signatures(items: list[dict[str, Any]]) -> list[Signature]:
+    return [sig for sig in map(signature, items) if sig is not None]
+
+
+def strip_tokens(item: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in item.items() if key not in TOKEN_FIELDS}
+
+
+@dataclass
+class Call:
+    """One model call of the rollout, as forwarded: its input (tokens restored) and its output."""
+
+    input: list[dict[str, Any]]
+    output: list[dict[str, Any]]
+    status: str = "completed"
+    usage: dict[str, Any] = field(default_factory=dict)
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.input_signatures = signatures(self.input)
+        self.output_signatures = signatures(self.output)
+        self.record = next((r for r in map(token_record, reversed(self.output)) if r is not None), None)
+
+    @property
+    def conversation(self) -> list[Signature]:
+        return self.input_signatures + self.output_signatures
+
+
+@dataclass
+class Capture:
+    """Every model call of one rollout, in the order they finished."""
+
+    calls: list[Call] = field(default_factory=list)
+
+    def restore_tokens(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`items` with this rollout's token records put back on the generated turns they echo.
+
+        A turn counts as echoed only when the conversation before it is that call's input too: a
+        turn found in another context is left alone (the model server then renders it afresh).
+        """
+        items = list(items)
+        positions = [index for index, item in enumerate(items) if signature(item) is not None]
+        given = [signature(items[index]) for index in positions]
+        for call in self.calls:
+            record_item = next((item for item in reversed(call.output) if token_record(item) is not None), None)
+            n_in, n_out = len(call.input_signatures), len(call.output_signatures)
+            if record_item is None or n_out == 0 or len(given) < n_in + n_out:
+                continue
+            if given[:n_in] == call.input_signatures and given[n_in:n_in + n_out] == call.output_signatures:
+                at = positions[n_in + n_out - 1]
+                if token_record(items[at]) is None:
+                    items[at] = {**items[at], **{name: record_item[name] for name in TOKEN_FIELDS}}
+        return items
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """Every generated item of every call, each preceded by the tool outputs the agent fed back
+        to it (once each): the rollout's `response.output`."""
+        items: list[dict[str, Any]] = []
+        called: set[Any] = set()
+        answered: set[Any] = set()
+        for call in self.calls:
+            for item in call.input:
+                if item.get("type") == "function_call_output" and item.get("call_id") in called - answered:
+                    answered.add(item.get("call_id"))
+                    items.append(strip_tokens(item))
+            for item in call.output:
+                if item.get("type") == "function_call":
+                    called.add(item.get("call_id"))
+                items.append(item)
+        return items
+
+    def sequences(self) -> tuple[list[dict[str, Any]], bool | None]:
+        """Trainer sequences, one per token chain, each with its own `prefix_ok`; and whether all are ok.
+
+        None when no call carried tokens.
+        """
+        chains: list[list[Call]] = []
+        drifted: list[bool] = []
+        for call in self.calls:
+            record = call.record
+            if record is None:
+                continue
+            home = None
+            for index, chain in enumerate(chains):
+                last = chain[-1].record
+                context = last.prompt + last.generation
+                if record.prompt[: len(context)] == context and (home is None or len(context) > home[1]):
+                    home = (index, len(context))
+            if home is not None:
+                chains[home[0]].append(call)
+                continue
+            # A new chain: a branch, or drift if the agent carried on an earlier call's conversation.
+            continues = any(call.input_signatures[: len(chain[-1].conversation)] == chain[-1].conversation
+                            for chain in chains)
+            chains.append([call])
+            drifted.append(continues)
+        if not chains:
+            return [], None
+        result = []
+        for chain, drift in zip(chains, drifted):
+            merged, _ = merge_sequences([item for call in chain for item in call.output])
+            sequence = merged[0]
+            sequence["prefix_ok"] = not drift
+            result.append(sequence)
+        return result, not any(drifted)

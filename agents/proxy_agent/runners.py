@@ -1,0 +1,220 @@
+"""The three ways to run an external agent for one rollout, and what its run gave back.
+
+- `command`: a subprocess with OPENAI_BASE_URL / OPENAI_API_KEY set, the task row as JSON on stdin,
+  the answer on stdout (plain text, or a JSON object with `answer` and optional `score`);
+- `http`: `POST` to a workflow URL with the task and the endpoint; it answers `{answer, score?}`;
+- `callable`: an (async or plain) Python function named `package.module:function`, called in-process
+  as `function(task, endpoint)`; it returns the answer, or `{answer, score?}`.
+
+Every runner is bounded in time (and a command in output); a crash, a non-zero exit or a timeout
+raises `AgentFailure` with its cause (a command's stderr tail), never an answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Literal
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field
+
+STDERR_TAIL_BYTES = 2000
+
+
+class AgentFailure(Exception):
+    """The agent did not finish: `status` is `agent_error` or `timeout`, `error` says why."""
+
+    def __init__(self, status: str, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What the agent is given: its OpenAI-compatible base URL and key, and the rollout's tools."""
+
+    base_url: str
+    api_key: str
+    tools_url: str
+    model: str
+    rollout_id: str
+
+    def environ(self) -> dict[str, str]:
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
+                "ROLLGYM_TOOLS_URL": self.tools_url, "ROLLGYM_ROLLOUT_ID": self.rollout_id}
+
+    def to_json(self) -> dict[str, str]:
+        return {"base_url": self.base_url, "api_key": self.api_key, "model": self.model,
+                "tools_url": self.tools_url, "rollout_id": self.rollout_id}
+
+
+@dataclass
+class Outcome:
+    """What a finished agent said: its answer and, for workflows that score themselves, a score."""
+
+    answer: str | None = None
+    score: float | None = None
+
+
+def outcome_from(value: Any, source: str) -> Outcome:
+    """An agent's return value (text, or an object with `answer` and `score`) as an Outcome."""
+    if value is None:
+        return Outcome()
+    if isinstance(value, str):
+        return Outcome(answer=value)
+    if isinstance(value, dict):
+        score = value.get("score")
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+            raise AgentFailure("agent_error", f"{source}: 'score' must be a number, got {score!r}")
+        answer = value.get("answer")
+        return Outcome(answer=None if answer is None else str(answer), score=None if score is None else float(score))
+    raise AgentFailure("agent_error", f"{source}: expected text or an object with 'answer', got {type(value).__name__}")
+
+
+class CommandRunner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["command"]
+    argv: list[str] = Field(min_length=1, description="the command and its arguments (no shell); "
+                                                      "`python` is the server's own interpreter")
+    cwd: str | None = Field(default=None, description="working directory; default: the server's")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    max_output_bytes: int = Field(default=1_000_000, ge=1, description="stdout beyond this fails the rollout")
+
+    async def run(self, task: dict[str, Any], endpoint: Endpoint, timeout_s: float) -> Outcome:
+        environ = {**os.environ, **self.env, **endpoint.environ()}
+        argv = [sys.executable, *self.argv[1:]] if self.argv[0] == "python" else self.argv
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv, cwd=self.cwd, env=environ, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise AgentFailure("agent_error", f"cannot start {self.argv[0]!r}: {exc}") from None
+        stderr = bytearray()
+        stdout = bytearray()
+
+        async def read_stderr() -> None:
+            while chunk := await process.stderr.read(65536):
+                stderr.extend(chunk)
+                del stderr[:-STDERR_TAIL_BYTES]
+
+        async def read_stdout() -> None:
+            while chunk := await process.stdout.read(65536):
+                stdout.extend(chunk)
+                if len(stdout) > self.max_output_bytes:
+                    raise AgentFailure("agent_error", f"the agent wrote more than {self.max_output_bytes} bytes to stdout")
+
+        async def communicate() -> int:
+            try:
+                process.stdin.write(json.dumps(task).encode())
+                await process.stdin.drain()
+                process.stdin.close()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the agent does not read its task; its exit status tells the rest
+            await asyncio.gather(read_stdout(), read_stderr())
+            return await process.wait()
+
+        try:
+            code = await asyncio.wait_for(communicate(), timeout_s)
+        except asyncio.TimeoutError:
+            await _kill(process)
+            raise AgentFailure("timeout", f"the agent ran past {timeout_s:g} s{_tail(stderr)}") from None
+        except BaseException:
+            await _kill(process)
+            raise
+        if code != 0:
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            raise AgentFailure("agent_error", f"the agent {how}{_tail(stderr)}")
+        text = stdout.decode(errors="replace").strip()
+        try:
+            parsed = json.loads(text) if text.startswith("{") else text
+        except ValueError:
+            parsed = text
+        return outcome_from(parsed, "the agent's stdout")
+
+
+class HttpRunner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["http"]
+    url: str = Field(pattern=r"^https?://", description="the workflow's URL; it gets POST {task, endpoint}")
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    async def run(self, task: dict[str, Any], endpoint: Endpoint, timeout_s: float) -> Outcome:
+        body = {"task": task, **endpoint.to_json()}
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+                async with http.post(self.url, json=body, headers=self.headers) as reply:
+                    text = await reply.text()
+                    if reply.status >= 400:
+                        raise AgentFailure("agent_error", f"the workflow answered HTTP {reply.status}: {text[-STDERR_TAIL_BYTES:]}")
+        except asyncio.TimeoutError:
+            raise AgentFailure("timeout", f"the workflow gave no answer within {timeout_s:g} s") from None
+        except aiohttp.ClientError as exc:
+            raise AgentFailure("agent_error", f"the workflow at {self.url} is unreachable: {exc}") from None
+        try:
+            value = json.loads(text) if text.strip() else None
+        except ValueError:
+            value = text
+        return outcome_from(value, "the workflow's answer")
+
+
+class CallableRunner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["callable"]
+    target: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="package.module:function")
+
+    def resolve(self) -> Callable[..., Any]:
+        module_name, _, attribute = self.target.partition(":")
+        try:
+            value: Any = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                value = getattr(value, part)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"cannot import {self.target!r}: {exc}") from None
+        if not callable(value):
+            raise ValueError(f"{self.target!r} is not callable")
+        return value
+
+    async def run(self, task: dict[str, Any], endpoint: Endpoint, timeout_s: float) -> Outcome:
+        function = self.resolve()
+        try:
+            if inspect.iscoroutinefunction(function):
+                call: Awaitable[Any] = function(task, endpoint)
+            else:
+                call = asyncio.to_thread(function, task, endpoint)
+            value = await asyncio.wait_for(call, timeout_s)
+        except asyncio.TimeoutError:
+            raise AgentFailure("timeout", f"{self.target} ran past {timeout_s:g} s") from None
+        except AgentFailure:
+            raise
+        except Exception as exc:
+            raise AgentFailure("agent_error", f"{self.target} raised {type(exc).__name__}: {exc}") from None
+        return outcome_from(value, self.target)
+
+
+Runner = CommandRunner | HttpRunner | CallableRunner
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    """Stop the agent and everything it started (its own process group)."""
+    if process.returncode is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await process.wait()
+
+
+def _tail(stderr: bytearray) -> str:
+    text = stderr.decode(errors="replace").strip()
+    return f"; stderr: ...{text[-STDERR_TAIL_BYTES:]}" if text else ""
