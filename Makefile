@@ -18,9 +18,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The tests also run one real GRPO step with TRL on CPU (torch, transformers, trl).
+# The tests also run one real GRPO step with TRL on CPU (torch, transformers, trl), and the proxy
+# agent's example agents and the MCP environment (agents).
 $(VENV)/.installed-trl: $(VENV)/.installed
-	$(PIP) install --quiet -e ".[test,llamacpp,trl]"
+	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents]"
 	touch $@
 
 # Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.

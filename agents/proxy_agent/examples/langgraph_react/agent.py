@@ -39,7 +39,7 @@ def question(task: dict) -> str:
 
 
 def main() -> None:
-    model = ChatOpenAI(model=os.environ.get("OPENAI_MODEL", "gpt-4o-mini"), max_tokens=64, max_retries=0)
+    model = ChatOpenAI(model=os.environ.get("OPENAI_MODEL", "gpt-4o-mini"), max_tokens=96, temperature=0.2)
     agent = create_react_agent(model, [get_weather], prompt="You are a weather assistant. Use get_weather, "
                                                             "then answer with the condition and the temperature.")
     state = agent.invoke({"messages": [("user", question(json.load(sys.stdin)))]}, {"recursion_limit": 8})

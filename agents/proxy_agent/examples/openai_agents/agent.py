@@ -44,7 +44,7 @@ async def main() -> None:
         name="weather", tools=[get_weather], model=os.environ.get("OPENAI_MODEL", "gpt-4o-mini"),
         instructions="You are a weather assistant. Use get_weather, then answer with the condition and the temperature.",
         # The SDK resets tool_choice to auto after a tool call, so "required" means "look it up first".
-        model_settings=ModelSettings(max_tokens=64, tool_choice="required"),
+        model_settings=ModelSettings(max_tokens=96, temperature=0.2, tool_choice="required"),
     )
     result = Runner.run_streamed(agent, question(json.load(sys.stdin)), max_turns=6)
     async for _ in result.stream_events():

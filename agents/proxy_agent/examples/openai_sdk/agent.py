@@ -52,7 +52,7 @@ def main() -> None:
                 {"role": "user", "content": question(json.load(sys.stdin))}]
     for step in range(4):
         stream = client.chat.completions.create(
-            model=MODEL, messages=messages, tools=TOOLS, max_tokens=64, stream=True,
+            model=MODEL, messages=messages, tools=TOOLS, max_tokens=96, temperature=0.2, stream=True,
             tool_choice="required" if step == 0 else "auto")
         text, calls = "", {}
         for chunk in stream:
