@@ -481,7 +481,7 @@ BAD_VALUES: dict[tuple[str, str], list[tuple[str, dict[str, Any], str]]] = {
         ("metadata not strings", {"input": "hi", "metadata": {"a": 5}}, "metadata.a"),
     ],
     ("policy_model", "/v1/chat/completions"): [
-        ("stream", {"messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream"),
+        ("stream not a boolean", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
         ("messages not a list", {"messages": {"role": "user"}}, "messages"),
     ],
     ("weather_agent", "/run"): [

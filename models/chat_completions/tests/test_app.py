@@ -413,10 +413,12 @@ def test_chat_completions_with_tools_pass_through(client: httpx.Client) -> None:
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo"}
 
 
-def test_chat_completions_stream_is_refused(client: httpx.Client) -> None:
+def test_chat_completions_stream_answers_server_sent_events(client: httpx.Client) -> None:
     reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
-    assert 400 <= reply.status_code < 500
-    assert error_of(reply)["field"] == "stream"
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    assert reply.text.endswith("data: [DONE]\n\n")
+    refused = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "stream": "yes"})
+    assert refused.status_code == 422 and error_of(refused)["field"] == "stream"
 
 
 def test_chat_completions_without_messages(client: httpx.Client) -> None:
