@@ -93,6 +93,22 @@ async def responses_loop(task: dict[str, Any], endpoint: Endpoint) -> str:
     return ""
 
 
+async def chained_responses(task: dict[str, Any], endpoint: Endpoint) -> str:
+    """The Responses loop with the conversation kept server-side (`previous_response_id`)."""
+    client = openai_client(endpoint)
+    tools = [{"type": "function", **WEATHER_TOOL["function"]}]
+    response = await client.responses.create(model=endpoint.model, input=question(task), tools=tools)
+    for _ in range(4):
+        calls = [item for item in response.output if item.type == "function_call"]
+        if not calls:
+            return response.output_text
+        outputs = [{"type": "function_call_output", "call_id": call.call_id,
+                    "output": await call_tool(endpoint, call.name, call.arguments)} for call in calls]
+        response = await client.responses.create(model=endpoint.model, input=outputs, tools=tools,
+                                                 previous_response_id=response.id)
+    return ""
+
+
 async def branching(task: dict[str, Any], endpoint: Endpoint) -> str:
     """Two parallel sub-agents with their own prompts, then the main loop."""
     client = openai_client(endpoint)

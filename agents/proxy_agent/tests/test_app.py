@@ -13,10 +13,14 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from fastapi import FastAPI, Request
+
 from agents.proxy_agent.app import ProxyAgent, ProxyAgentConfig
+from agents.proxy_agent.runners import Endpoint
 from agents.proxy_agent.tests import fixture_agents
 from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
 from resources_servers.weather.app import WEATHER, WeatherServer
+from rollgym import BaseServer
 from rollgym.client import ServerAddress
 from rollgym.testing import scripted_backend, serve_in_thread
 
@@ -74,7 +78,7 @@ def sampled_texts(sequence: dict[str, Any]) -> list[str]:
     return texts + ([decode(current)] if current else [])
 
 
-@pytest.mark.parametrize("agent", ["weather_loop", "weather_loop_streaming", "responses_loop"])
+@pytest.mark.parametrize("agent", ["weather_loop", "weather_loop_streaming", "responses_loop", "chained_responses"])
 def test_an_sdk_agent_gives_a_verified_token_exact_rollout(registry: dict[str, ServerAddress], agent: str) -> None:
     with proxy(registry, callable_agent(agent)) as url:
         result = run(url, task("Paris"))
@@ -175,3 +179,35 @@ def test_64_concurrent_rollouts_do_not_cross_talk(registry: dict[str, ServerAddr
         tokens = decode(result["sequences"][0]["prompt_ids"] + result["sequences"][0]["completion_ids"])
         assert [name for name in CITIES if name in tokens] == [city]
         assert result["agent_answer"].startswith(f"The weather in {city}:")
+
+
+class Workflow(BaseServer):
+    """A company's own agent service: POST {task, base_url, api_key, ...} -> {answer, score}."""
+
+    def add_routes(self, app: FastAPI) -> None:
+        @app.post("/workflow")
+        async def workflow(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            endpoint = Endpoint(**{key: body[key] for key in ("base_url", "api_key", "model", "tools_url", "rollout_id")})
+            return {"answer": await fixture_agents.weather_loop(body["task"], endpoint), "score": 0.5}
+
+        @app.post("/broken")
+        async def broken() -> None:
+            raise RuntimeError("workflow bug")
+
+
+def test_an_http_workflow_runs_and_its_score_is_recorded(registry: dict[str, ServerAddress]) -> None:
+    with serve_in_thread(Workflow(name="workflow")) as workflow:
+        with proxy(registry, {"kind": "http", "url": f"{workflow}/workflow"}) as url:
+            result = run(url, task("Sydney"))
+        assert result["status"] == "ok" and result["reward"] == 1.0 and result["agent_score"] == 0.5
+        assert result["prefix_ok"] is True
+        with proxy(registry, {"kind": "http", "url": f"{workflow}/broken"}) as url:
+            result = run(url, task("Sydney"))
+        assert result["status"] == "agent_error" and "HTTP 500" in result["error"] and result["reward"] is None
+
+
+def test_calls_past_max_model_calls_are_refused_and_the_rollout_is_max_steps(registry: dict[str, ServerAddress]) -> None:
+    with proxy(registry, callable_agent("weather_loop"), max_model_calls=1) as url:
+        result = run(url, task())
+    assert result["status"] == "max_steps" and result["reward"] == 0.0 and result["metrics"]["turns"] == 1
