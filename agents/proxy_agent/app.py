@@ -19,10 +19,11 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request, Response
 from pydantic import Field
+from starlette.routing import Route
 
 from rollgym import AgentServer, BadRequest, ResponsesCreateParams, RunRequest, ServerCallError, ServerConfig, ServerRef
 from rollgym.client import Reply
-from rollgym.server import JSONBytesResponse, parse_body, read_json
+from rollgym.server import JSONBytesResponse, ServerStartError, parse_body, read_json
 from rollgym.streaming import stream_chat_completion, stream_response, wants_usage
 
 from .capture import Call, Capture, strip_tokens
@@ -46,6 +47,8 @@ class ProxyAgentConfig(ServerConfig):
     model_timeout_s: float = Field(default=600.0, gt=0)
     tool_timeout_s: float = Field(default=120.0, gt=0)
     return_sequences: bool = True
+    serve_mcp: bool = Field(default=False, description="also serve the environment's tools over MCP at "
+                                                       "/rollouts/{id}/mcp (needs the mcp package)")
 
 
 @dataclass
@@ -72,6 +75,21 @@ class ProxyAgent(AgentServer):
         super().__init__(*args, **kwargs)
         self.rollouts: dict[str, Rollout] = {}
         self.ended: OrderedDict[str, None] = OrderedDict()
+        self.mcp_gateway = None
+        if self.config.serve_mcp:
+            try:
+                from .mcp_tools import McpGateway
+            except ImportError as exc:
+                raise ServerStartError(f"serve_mcp needs the mcp package (pip install 'rollgym[agents]'): {exc}") from None
+            self.mcp_gateway = McpGateway(self, self.find_rollout)
+
+    async def startup(self) -> None:
+        if self.mcp_gateway is not None:
+            await self.mcp_gateway.start()
+
+    async def shutdown(self) -> None:
+        if self.mcp_gateway is not None:
+            await self.mcp_gateway.stop()
 
     # /run --------------------------------------------------------------------------------------
     async def run_rollout(self, task: RunRequest, payload: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -79,12 +97,13 @@ class ProxyAgent(AgentServer):
         rollout = Rollout(id=secrets.token_urlsafe(12), key="rk-" + secrets.token_urlsafe(24))
         root = f"{(self.config.public_url or base_url).rstrip('/')}/rollouts/{rollout.id}"
         endpoint = Endpoint(base_url=f"{root}/v1", api_key=rollout.key, tools_url=f"{root}/tools",
-                            model=self.config.model or "policy", rollout_id=rollout.id)
+                            model=self.config.model or "policy", rollout_id=rollout.id,
+                            mcp_url=f"{root}/mcp" if self.config.serve_mcp else None)
         outcome = Outcome()
         failure: AgentFailure | None = None
         self.rollouts[rollout.id] = rollout
         try:
-            await self._env_call(rollout, "/seed_session", payload, seeding=True)
+            await self._env_call(rollout, "/seed_session", payload)
             try:
                 outcome = await self.config.agent.run(payload, endpoint, self.config.timeout_s)
             except AgentFailure as exc:
@@ -154,7 +173,7 @@ class ProxyAgent(AgentServer):
             "env_latency_s": round(rollout.env_latency_s, 6),
         }
 
-    async def _env_call(self, rollout: Rollout, path: str, body: Any, seeding: bool = False) -> Reply:
+    async def _env_call(self, rollout: Rollout, path: str, body: Any) -> Reply:
         started = time.perf_counter()
         try:
             reply = await self.client.post(self.config.resources_server.name, path, json=body,
@@ -172,17 +191,21 @@ class ProxyAgent(AgentServer):
         return reply
 
     # The per-rollout OpenAI-compatible endpoint ---------------------------------------------------
-    def _rollout(self, request: Request, rollout_id: str) -> Rollout:
+    def find_rollout(self, rollout_id: str, authorization: str) -> Rollout:
+        """The running rollout at this id whose key is in `authorization` (BadRequest 404/409/401 otherwise)."""
         rollout = self.rollouts.get(rollout_id)
         if rollout is None:
             if rollout_id in self.ended:
                 raise BadRequest(f"rollout {rollout_id} has ended; its URL takes no more calls", field="rollout", status=409)
             raise BadRequest(f"no rollout {rollout_id} is running here", field="rollout", status=404)
-        supplied = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        supplied = authorization.removeprefix("Bearer ").strip()
         if not secrets.compare_digest(supplied.encode(), rollout.key.encode()):
             raise BadRequest("the API key is not this rollout's key (OPENAI_API_KEY as given to the agent)",
                              field="authorization", status=401)
         return rollout
+
+    def _rollout(self, request: Request, rollout_id: str) -> Rollout:
+        return self.find_rollout(rollout_id, request.headers.get("authorization", ""))
 
     async def _generate(self, rollout: Rollout, params: dict[str, Any]) -> dict[str, Any]:
         """Forward one model call with the rollout's token records restored; record what came back."""
@@ -271,6 +294,9 @@ class ProxyAgent(AgentServer):
             return JSONBytesResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                                                   "owned_by": "rollgym"}]})
 
+        if self.mcp_gateway is not None:
+            app.router.routes.append(Route("/rollouts/{rollout_id}/mcp", self.mcp_gateway))
+
         @app.get("/rollouts/{rollout_id}/tools")
         async def tools(rollout_id: str, request: Request) -> Response:
             rollout = self._rollout(request, rollout_id)
@@ -281,17 +307,17 @@ class ProxyAgent(AgentServer):
         @app.post("/rollouts/{rollout_id}/tools/{name}")
         async def tool(rollout_id: str, name: str, request: Request) -> Response:
             rollout = self._rollout(request, rollout_id)
-            if name in RESERVED_ROUTES:
-                raise BadRequest(f"'{name}' is not a tool", field="name", status=404)
-            arguments = await read_json(request)
-            reply = await self._env_call_raw(rollout, f"/{name}", arguments)
+            reply = await self.env_tool_call(rollout, name, await read_json(request))
             return Response(reply.body, reply.status, media_type=reply.headers.get("content-type", "application/json"))
 
-    async def _env_call_raw(self, rollout: Rollout, path: str, body: Any) -> Reply:
+    async def env_tool_call(self, rollout: Rollout, name: str, arguments: Any) -> Reply:
         """A tool call for the agent: its answer relayed as it is (a 4xx is the agent's to read)."""
+        if name in RESERVED_ROUTES:
+            raise BadRequest(f"'{name}' is not a tool", field="name", status=404)
+        path = f"/{name}"
         started = time.perf_counter()
         try:
-            reply = await self.client.post(self.config.resources_server.name, path, json=body,
+            reply = await self.client.post(self.config.resources_server.name, path, json=arguments,
                                            cookies=rollout.cookies, timeout_s=self.config.tool_timeout_s)
         except ServerCallError as exc:
             rollout.failure = AgentFailure("timeout" if exc.kind == "timeout" else "env_error", str(exc))

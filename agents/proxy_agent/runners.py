@@ -46,14 +46,18 @@ class Endpoint:
     tools_url: str
     model: str
     rollout_id: str
+    mcp_url: str | None = None  # the environment's tools over MCP, when the proxy serves them
 
     def environ(self) -> dict[str, str]:
-        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
-                "ROLLGYM_TOOLS_URL": self.tools_url, "ROLLGYM_ROLLOUT_ID": self.rollout_id}
+        environ = {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model,
+                   "ROLLGYM_TOOLS_URL": self.tools_url, "ROLLGYM_ROLLOUT_ID": self.rollout_id}
+        if self.mcp_url:
+            environ["ROLLGYM_MCP_URL"] = self.mcp_url
+        return environ
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "api_key": self.api_key, "model": self.model,
-                "tools_url": self.tools_url, "rollout_id": self.rollout_id}
+                "tools_url": self.tools_url, "rollout_id": self.rollout_id, "mcp_url": self.mcp_url}
 
 
 @dataclass

@@ -47,27 +47,51 @@ async def call_tool(endpoint: Endpoint, name: str, arguments: str) -> str:
     return reply.text
 
 
-async def weather_loop(task: dict[str, Any], endpoint: Endpoint, *, stream: bool = False) -> str:
+async def weather_loop(task: dict[str, Any], endpoint: Endpoint, *, stream: bool = False,
+                       tools: list[dict[str, Any]] | None = None, run_tool: Any = None) -> str:
     """A chat-completions tool loop: ask, run the tool calls, ask again until the model answers."""
     client = openai_client(endpoint)
+    tools = tools or [WEATHER_TOOL]
+    run_tool = run_tool or (lambda name, arguments: call_tool(endpoint, name, arguments))
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a weather assistant."},
                                       {"role": "user", "content": question(task)}]
     for _ in range(4):
         if stream:
             async with client.chat.completions.stream(model=endpoint.model, messages=messages,
-                                                      tools=[WEATHER_TOOL], max_tokens=64) as events:
+                                                      tools=tools, max_tokens=64) as events:
                 completion = await events.get_final_completion()
         else:
             completion = await client.chat.completions.create(model=endpoint.model, messages=messages,
-                                                              tools=[WEATHER_TOOL], max_tokens=64)
+                                                              tools=tools, max_tokens=64)
         message = completion.choices[0].message
         messages.append(message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"}))
         if not message.tool_calls:
             return message.content or ""
         for call in message.tool_calls:
-            output = await call_tool(endpoint, call.function.name, call.function.arguments)
+            output = await run_tool(call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
     return ""
+
+
+async def mcp_tools_loop(task: dict[str, Any], endpoint: Endpoint) -> str:
+    """The loop with the environment's tools taken from the rollout's MCP endpoint."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    assert endpoint.mcp_url, "the proxy serves no MCP endpoint (serve_mcp: false)"
+    SEEN.append(endpoint)
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {endpoint.api_key}"}) as http, \
+            Client(streamable_http_client(endpoint.mcp_url, http_client=http)) as session:
+        listed = (await session.list_tools()).tools
+        tools = [{"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                                   "parameters": tool.input_schema}} for tool in listed]
+
+        async def run_tool(name: str, arguments: str) -> str:
+            result = await session.call_tool(name, json.loads(arguments))
+            return "".join(block.text for block in result.content if block.type == "text")
+
+        return await weather_loop(task, endpoint, tools=tools, run_tool=run_tool)
 
 
 async def weather_loop_streaming(task: dict[str, Any], endpoint: Endpoint) -> str:

@@ -211,3 +211,19 @@ def test_calls_past_max_model_calls_are_refused_and_the_rollout_is_max_steps(reg
     with proxy(registry, callable_agent("weather_loop"), max_model_calls=1) as url:
         result = run(url, task())
     assert result["status"] == "max_steps" and result["reward"] == 0.0 and result["metrics"]["turns"] == 1
+
+
+def test_an_mcp_agent_uses_the_environments_tools_over_mcp(registry: dict[str, ServerAddress]) -> None:
+    pytest.importorskip("mcp", reason="serving tools over MCP needs the mcp package (the 'agents' extra)")
+    fixture_agents.SEEN.clear()
+    with proxy(registry, callable_agent("mcp_tools_loop"), serve_mcp=True) as url:
+        result = run(url, task("Toronto"))
+        assert result["status"] == "ok" and result["reward"] == 1.0, result.get("error")
+        assert result["looked_up"] == ["Toronto"]  # the tool ran in the rollout's environment session
+        assert result["prefix_ok"] is True
+        ended = fixture_agents.SEEN[-1]
+        late = httpx.post(ended.mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                          headers={"Authorization": f"Bearer {ended.api_key}"})
+        assert late.status_code == 409 and "has ended" in late.json()["error"]["message"]
+        stranger = httpx.post(f"{url}/rollouts/nope/mcp", json={})
+        assert stranger.status_code == 404
