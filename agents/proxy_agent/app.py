@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from rollgym import AgentServer, BadRequest, ResponsesCreateParams, RunRequest, ServerCallError, ServerConfig, ServerRef
 from rollgym.client import Reply
+from rollgym.resources import RESERVED_ROUTES
 from rollgym.server import JSONBytesResponse, ServerStartError, parse_body, read_json
 from rollgym.streaming import stream_chat_completion, stream_response, wants_usage
 
@@ -30,7 +31,6 @@ from .capture import Call, Capture, strip_tokens
 from .chat import chat_to_responses, response_to_chat
 from .runners import AgentFailure, CallableRunner, CommandRunner, Endpoint, HttpRunner, Outcome
 
-RESERVED_ROUTES = {"seed_session", "verify", "tools", "health"}
 ENDED_REMEMBERED = 100_000  # ended rollout ids kept to answer "ended" rather than "unknown"
 
 

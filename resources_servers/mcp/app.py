@@ -24,11 +24,8 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field, model_validator
 
 from rollgym import ResourcesServer, RunRequest, Verdict
-from rollgym.resources import ResourcesServerConfig, ToolSpec
+from rollgym.resources import RESERVED_ROUTES, ResourcesServerConfig, ToolSpec
 from rollgym.server import BadRequest, JSONBytesResponse, ServerStartError, SessionId, read_json
-
-RESERVED = {"seed_session", "verify", "tools", "health"}
-
 
 class McpConfig(ResourcesServerConfig):
     command: list[str] | None = Field(
@@ -144,7 +141,7 @@ class McpEnvironment(ResourcesServer):
             raise ServerStartError(f"server {self.name!r}: cannot reach its MCP server: {type(exc).__name__}: {exc}") from None
         try:
             for tool in await probe.list_tools():
-                if tool.name in RESERVED:
+                if tool.name in RESERVED_ROUTES:
                     raise ServerStartError(f"server {self.name!r}: MCP tool {tool.name!r} collides with a built-in route")
                 self.tools[tool.name] = McpTool(tool.name, tool.description or "", dict(tool.input_schema))
         finally:
