@@ -183,14 +183,17 @@ class RequestGuardMiddleware:
 
 
 class BearerAuthMiddleware:
-    """Requires `Authorization: Bearer <token>` on every route but /health."""
+    """Requires `Authorization: Bearer <token>` on every route but /health and the paths under
+    `open_prefixes` (routes that check keys of their own)."""
 
-    def __init__(self, app: Any, token: str) -> None:
+    def __init__(self, app: Any, token: str, open_prefixes: tuple[str, ...] = ()) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode()
+        self.open_prefixes = open_prefixes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("path") != "/health":
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path != "/health" and not path.startswith(self.open_prefixes):
             supplied = dict(scope.get("headers", ())).get(b"authorization", b"")
             if not secrets.compare_digest(supplied, self.expected):
                 body = orjson.dumps(error_body("unauthorized", "missing or wrong bearer token"))
@@ -221,6 +224,8 @@ class BaseServer:
 
     role: ClassVar[str] = ""
     config_class: ClassVar[type[ServerConfig]] = ServerConfig
+    # Paths whose routes check credentials of their own (e.g. the proxy agent's per-rollout keys).
+    own_auth_prefixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -278,7 +283,7 @@ class BaseServer:
         self._install_error_handlers(app)
         app.add_middleware(RequestGuardMiddleware, limit=self.config.max_body_bytes)
         if self.config.auth_token:
-            app.add_middleware(BearerAuthMiddleware, token=self.config.auth_token)
+            app.add_middleware(BearerAuthMiddleware, token=self.config.auth_token, open_prefixes=self.own_auth_prefixes)
 
         @app.get("/health")
         async def health() -> dict[str, str]:

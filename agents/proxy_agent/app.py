@@ -70,6 +70,8 @@ class Rollout:
 class ProxyAgent(AgentServer):
     config_class = ProxyAgentConfig
     config: ProxyAgentConfig
+    # The agent holds its rollout's key, not the stack's token.
+    own_auth_prefixes = ("/rollouts/",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
