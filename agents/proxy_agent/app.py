@@ -114,6 +114,10 @@ class ProxyAgent(AgentServer):
             self._end(rollout)
         # A model server that failed under the agent explains the agent's failure (and voids its answer).
         failure = rollout.failure or (None if rollout.call_limit_hit else failure)
+        if failure is None and not rollout.capture.calls:
+            # Nothing to train on: usually an agent that ignores OPENAI_BASE_URL and calls elsewhere.
+            failure = AgentFailure("agent_error", "the agent made no model call through its rollout's endpoint "
+                                                  "(does it read OPENAI_BASE_URL / OPENAI_API_KEY?)")
         response = self._final_response(rollout)
         base = {**payload, "response": response, "rollout_id": task.rollout_id, "group_id": task.group_id,
                 "agent_answer": outcome.answer, "agent_score": outcome.score}

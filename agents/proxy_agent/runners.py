@@ -123,8 +123,23 @@ class CommandRunner(BaseModel):
                 process.stdin.close()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the agent does not read its task; its exit status tells the rest
-            await asyncio.gather(read_stdout(), read_stderr())
-            return await process.wait()
+            readers = asyncio.ensure_future(asyncio.gather(read_stdout(), read_stderr()))
+            exited = asyncio.ensure_future(process.wait())
+            try:
+                await asyncio.wait({readers, exited}, return_when=asyncio.FIRST_COMPLETED)
+                if readers.done():
+                    readers.result()  # too much output: raises now, not when the agent exits
+                code = await exited
+                # A child the agent left behind may hold its pipes open: give them a moment, then end it.
+                try:
+                    await asyncio.wait_for(asyncio.shield(readers), 2.0)
+                except asyncio.TimeoutError:
+                    await _kill(process, group_only=True)
+                    await readers
+                return code
+            finally:
+                readers.cancel()
+                exited.cancel()
 
         try:
             code = await asyncio.wait_for(communicate(), timeout_s)
@@ -209,14 +224,16 @@ class CallableRunner(BaseModel):
 Runner = CommandRunner | HttpRunner | CallableRunner
 
 
-async def _kill(process: asyncio.subprocess.Process) -> None:
-    """Stop the agent and everything it started (its own process group)."""
-    if process.returncode is None:
+async def _kill(process: asyncio.subprocess.Process, group_only: bool = False) -> None:
+    """Stop the agent and everything it started (its own process group, which outlives the agent
+    while a child it started runs)."""
+    if process.returncode is None or group_only:
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        await process.wait()
+        if not group_only:
+            await process.wait()
 
 
 def _tail(stderr: bytearray) -> str:

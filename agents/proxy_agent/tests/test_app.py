@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
 
@@ -134,10 +135,11 @@ def test_a_rollout_url_refuses_other_rollouts_and_calls_after_the_end(registry: 
     ([sys.executable, "-c", "import sys, time; sys.stderr.write('thinking'); sys.stderr.flush(); time.sleep(60)"],
      "timeout", "ran past 1 s; stderr: ...thinking"),
     (["/nonexistent/agent"], "agent_error", "cannot start '/nonexistent/agent'"),
+    ([sys.executable, "-c", "print('x' * 3000)"], "agent_error", "more than 1000 bytes to stdout"),
 ])
 def test_a_failing_agent_command_is_a_failure_with_its_cause(registry: dict[str, ServerAddress], argv: list[str],
                                                              status: str, cause: str) -> None:
-    with proxy(registry, {"kind": "command", "argv": argv}, timeout_s=1) as url:
+    with proxy(registry, {"kind": "command", "argv": argv, "max_output_bytes": 1000}, timeout_s=1) as url:
         result = run(url, task())
     assert result["status"] == status and result["reward"] is None
     assert cause in result["error"]
@@ -227,3 +229,13 @@ def test_an_mcp_agent_uses_the_environments_tools_over_mcp(registry: dict[str, S
         assert late.status_code == 409 and "has ended" in late.json()["error"]["message"]
         stranger = httpx.post(f"{url}/rollouts/nope/mcp", json={})
         assert stranger.status_code == 404
+
+
+def test_a_child_left_behind_does_not_hold_the_rollout(registry: dict[str, ServerAddress]) -> None:
+    script = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('done')"
+    with proxy(registry, {"kind": "command", "argv": [sys.executable, "-c", script]}, timeout_s=20) as url:
+        started = time.monotonic()
+        result = run(url, task())
+    assert time.monotonic() - started < 10 and result["agent_answer"] == "done"
+    # And an agent that never called its endpoint gave nothing to train on: a failure that says why.
+    assert result["status"] == "agent_error" and "made no model call" in result["error"]
