@@ -105,10 +105,10 @@ class ProxyAgent(AgentServer):
         failure: AgentFailure | None = None
         self.rollouts[rollout.id] = rollout
         try:
-            await self._env_call(rollout, "/seed_session", payload)
             try:
+                await self._env_call(rollout, "/seed_session", payload)
                 outcome = await self.config.agent.run(payload, endpoint, self.config.timeout_s)
-            except AgentFailure as exc:
+            except AgentFailure as exc:  # the agent's, or the environment's at seeding
                 failure = exc
         finally:
             self._end(rollout)

@@ -23,7 +23,7 @@ from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsMo
 from resources_servers.weather.app import WEATHER, WeatherServer
 from rollgym import BaseServer
 from rollgym.client import ServerAddress
-from rollgym.testing import scripted_backend, serve_in_thread
+from rollgym.testing import free_port, scripted_backend, serve_in_thread
 
 CITIES = [entry["city"] for entry in WEATHER.values()]
 
@@ -239,3 +239,17 @@ def test_a_child_left_behind_does_not_hold_the_rollout(registry: dict[str, Serve
     assert time.monotonic() - started < 10 and result["agent_answer"] == "done"
     # And an agent that never called its endpoint gave nothing to train on: a failure that says why.
     assert result["status"] == "agent_error" and "made no model call" in result["error"]
+
+
+def test_an_environment_that_is_down_is_an_env_error(registry: dict[str, ServerAddress]) -> None:
+    down = {**registry, "weather": ServerAddress(f"http://127.0.0.1:{free_port()}", "resources_servers")}
+    with proxy(down, callable_agent("weather_loop"), client_max_retries=0) as url:
+        result = run(url, task())
+    assert result["status"] == "env_error" and result["reward"] is None and "seed_session" in result["error"]
+
+
+def test_a_model_server_that_fails_under_the_agent_is_a_model_error(registry: dict[str, ServerAddress]) -> None:
+    down = {**registry, "policy_model": ServerAddress(f"http://127.0.0.1:{free_port()}", "models")}
+    with proxy(down, callable_agent("weather_loop"), client_max_retries=0) as url:
+        result = run(url, task())
+    assert result["status"] == "model_error" and result["reward"] is None, result["error"]
