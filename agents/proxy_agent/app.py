@@ -245,6 +245,10 @@ class ProxyAgent(AgentServer):
         if rollout.id not in self.rollouts:
             raise BadRequest(f"rollout {rollout.id} ended while this call ran", field="rollout", status=409)
         output = response.get("output") or []
+        if response.get("status") == "incomplete" and not output and rollout.failure is None:
+            # The prompt did not fit: nothing was generated, so the rollout has nothing to reward.
+            rollout.failure = AgentFailure("context_overflow", f"the prompt of model call {rollout.calls_started} "
+                                           "does not fit the model's context: nothing was generated")
         rollout.capture.calls.append(Call(input=params["input"], output=output, status=response.get("status") or "completed",
                                           usage=response.get("usage") or {}, latency_s=latency))
         rollout.last_response = response

@@ -253,3 +253,15 @@ def test_a_model_server_that_fails_under_the_agent_is_a_model_error(registry: di
     with proxy(down, callable_agent("weather_loop"), client_max_retries=0) as url:
         result = run(url, task())
     assert result["status"] == "model_error" and result["reward"] is None, result["error"]
+
+
+def test_a_prompt_past_the_context_is_a_context_overflow(registry: dict[str, ServerAddress]) -> None:
+    with scripted_backend("--token-info", "--max-model-len", "60") as backend:
+        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
+                                     name="policy_model")
+        with serve_in_thread(model) as model_url:
+            small = {**registry, "policy_model": ServerAddress(model_url, "models")}
+            with proxy(small, callable_agent("weather_loop")) as url:
+                result = run(url, task())
+    assert result["status"] == "context_overflow" and result["reward"] is None, result
+    assert "does not fit the model's context" in result["error"]
