@@ -158,14 +158,6 @@ def test_the_workflow_can_score_itself(registry: dict[str, ServerAddress]) -> No
     assert result["reward"] == 0.25 and result["agent_score"] == 0.25 and result["status"] == "ok"
 
 
-def test_the_example_command_agent_streams_through_the_proxy(registry: dict[str, ServerAddress]) -> None:
-    argv = ["python", "agents/proxy_agent/examples/openai_sdk/agent.py"]
-    with proxy(registry, {"kind": "command", "argv": argv}) as url:
-        result = run(url, task("Cairo"))
-    assert result["status"] == "ok" and result["reward"] == 1.0, result.get("error")
-    assert result["prefix_ok"] is True and len(result["sequences"]) == 1
-
-
 def test_64_concurrent_rollouts_do_not_cross_talk(registry: dict[str, ServerAddress]) -> None:
     rows = [task(CITIES[index % len(CITIES)]) for index in range(64)]
     with proxy(registry, callable_agent("weather_loop")) as url:
