@@ -20,13 +20,14 @@ WEATHER_TOOL = {"type": "function", "function": {
 SEEN: list[Endpoint] = []
 # One HTTP client per event loop: building one loads the CA bundle (~0.1 s of CPU), which 64
 # rollouts in one loop would otherwise pay 64 times.
-_HTTP: dict[int, httpx.AsyncClient] = {}
+# Keyed by the loop itself (kept alive here), so a later loop can never reuse a closed one's client.
+_HTTP: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
 
 
 def shared_http() -> httpx.AsyncClient:
-    loop = id(asyncio.get_running_loop())
+    loop = asyncio.get_running_loop()
     if loop not in _HTTP:
-        _HTTP[loop] = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=None))
+        _HTTP[loop] = httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=None))
     return _HTTP[loop]
 
 

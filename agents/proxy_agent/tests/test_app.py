@@ -162,7 +162,7 @@ def test_64_concurrent_rollouts_do_not_cross_talk(registry: dict[str, ServerAddr
     rows = [task(CITIES[index % len(CITIES)]) for index in range(64)]
     with proxy(registry, callable_agent("weather_loop")) as url:
         async def collect() -> list[dict[str, Any]]:
-            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=64)) as http:
+            async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as http:
                 replies = await asyncio.gather(*(http.post(f"{url}/run", json=row) for row in rows))
             return [reply.json() for reply in replies]
 
