@@ -13,10 +13,12 @@ import httpx
 import pytest
 
 from resources_servers.mcp.app import McpConfig, McpEnvironment
+from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, free_port, serve_in_thread
 
 pytest.importorskip("mcp", reason="the MCP environment needs the mcp package (the 'agents' extra)")
 
+ENV = env_folder(__file__)
 NOTES_SERVER = Path(__file__).with_name("notes_server.py")
 VERIFY = "resources_servers.mcp.tests.notes_server:verify"
 
@@ -31,9 +33,14 @@ def verify(http: httpx.Client, note: str) -> httpx.Response:
 
 @pytest.fixture(scope="module")
 def stdio_url() -> Iterator[str]:
-    config = McpConfig(command=["python", str(NOTES_SERVER)], verify=VERIFY)
-    with serve_in_thread(McpEnvironment(config, name="mcp"), timeout_s=60) as url:
+    """The folder's own config: the notebook server started per rollout over stdio."""
+    with serve_in_thread(ENV.build("mcp_notes", f"mcp_notes.command=[python,{NOTES_SERVER}]"), timeout_s=60) as url:
         yield url
+
+
+def test_the_example_rows_are_for_the_notebook() -> None:
+    rows = ENV.rows()
+    assert len(rows) == 5 and all(row["note"] in row["responses_create_params"]["input"][-1]["content"] for row in rows)
 
 
 def test_the_mcp_servers_tools_are_the_environments_tools(stdio_url: str) -> None:
