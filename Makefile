@@ -18,10 +18,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The tests also run one real GRPO step with TRL on CPU (torch, transformers, trl), and the proxy
-# agent's example agents and the MCP environment (agents).
-$(VENV)/.installed-trl: $(VENV)/.installed
-	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents]"
+# The tests also run real TRL steps on CPU (torch, transformers, trl, peft): the GRPO integration and
+# the trainer adapters of `rollgym train`; and the proxy agent's example agents and the MCP environment (agents).
+$(VENV)/.installed-trl: $(VENV)/.installed pyproject.toml
+	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train]"
 	touch $@
 
 # Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.
