@@ -60,7 +60,7 @@ class Curated:
 
     def summary(self) -> dict[str, Any]:
         return {"kind": self.kind, "records": len(self.records), "rollouts_in": self.rollouts_in,
-                "rollouts_kept": self.rollouts_kept, "dropped": dict(sorted(self.dropped.items()))}
+                "rollouts_kept": self.rollouts_kept, "dropped": {k: v for k, v in sorted(self.dropped.items()) if v}}
 
 
 def model_version(rollout: dict[str, Any]) -> str | None:

@@ -74,7 +74,8 @@ class PhaseBar:
                         bar_format="{desc} {bar:10} {elapsed} {postfix}", file=sys.stderr)
 
     def tick(self) -> None:
-        self.bar.refresh()
+        if sys.stderr.isatty():  # a log file gets the finished line only
+            self.bar.refresh()
 
     def done(self, **postfix: Any) -> None:
         self.bar.set_postfix(postfix, refresh=False)
