@@ -5,7 +5,7 @@
 `trainers` (the adapter protocol and `Artefact`), `jobs` (a training step in a child process),
 `trl_trainers` (SFT, DPO and GRPO on TRL + PEFT), `policy` and `gguf_export` (the model a trainer
 trains and the GGUF it serves), `curation` (rollouts → training records), `plan` (the YAML),
-`serving` (the stack and the apply phase), `loop` (the epochs), `plot`, `command` (the CLI).
+`serving` (the stack and the apply phase), `loop` (the epochs), `plot`; the command is rollgym.cli.train.
 Names load on first use: the CLI starts without pydantic, torch or TRL.
 """
 

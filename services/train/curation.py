@@ -20,8 +20,8 @@ from typing import Any, Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..curriculum import CurriculumConfig, select_groups
-from ..export import (
+from ..data.curriculum import CurriculumConfig, select_groups
+from ..data.export import (
     TOLERANCE, RolloutError, dpo_candidate, dpo_pairs, grpo_keeps, grpo_member, grpo_record, natural_key,
     prompt_messages, rollout_messages,
 )

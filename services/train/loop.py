@@ -30,7 +30,7 @@ import orjson
 from tqdm import tqdm
 
 from ..client import ServerClient
-from ..collector import CollectOptions, Collector
+from ..rollouts.collector import CollectOptions, Collector
 from .curation import CurationError, curate
 from .jobs import SubprocessJob, finished_artefact
 from .plan import Plan, StageSection

@@ -21,7 +21,7 @@ import orjson
 
 from ..client import ServerClient, registry_from_json
 from ..config import load_stack
-from ..launcher import Stack
+from ..stack.launcher import Stack
 from .plan import Plan
 from .trainers import Artefact
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rollgym.curriculum import CurriculumConfig
+from rollgym.data.curriculum import CurriculumConfig
 from rollgym.train.curation import CurateConfig, CurationError, curate, model_version
 
 
