@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from ..client import ServerClient
 from ..rollouts.collector import CollectOptions, Collector
-from .curation import CurationError, curate
+from .curation import CurationError, curate, on_policy
 from .jobs import SubprocessJob, finished_artefact
 from .plan import Plan, StageSection
 from .serving import Serving
@@ -219,11 +219,13 @@ class TrainLoop:
             bar.done(records=len(curated.records), dropped=sum(curated.dropped.values()))
             finish("curate", curated.summary(), time.perf_counter() - t)
 
-        artefact = finished_artefact(folder / "train")
-        if "optimize" not in phases or artefact is None:
+        artefact = finished_artefact(folder / "train")  # a step that finished is never redone
+        if artefact is None:
             t = time.perf_counter()
             artefact = self._optimize(epoch, stage, folder, mode)
             finish("optimize", {"artefact": artefact.model_dump()}, time.perf_counter() - t)
+        elif "optimize" not in phases:  # it finished, the loop died before recording it
+            finish("optimize", {"artefact": artefact.model_dump()}, 0.0)
         self.state["last"] = artefact.model_dump()
         self._save_state()
 
@@ -288,8 +290,8 @@ class TrainLoop:
                                  limit=section.limit, params=params, pass_threshold=section.pass_threshold,
                                  progress=self.progress)
         summary = self._run_collection(options, f"epoch {epoch} validate")
-        stale = sum(1 for r in read_rollouts(options.output) if self.serving.version is not None
-                    and _version(r) != self.serving.version)
+        version = self.serving.version
+        stale = sum(1 for r in read_rollouts(options.output) if version is not None and not on_policy(r, version))
         if stale:
             raise TrainError(f"epoch {epoch} validate: {stale} rollouts came from another model version than "
                              f"{self.serving.version}")
@@ -389,12 +391,6 @@ class TrainLoop:
         for path in self.output.glob("epoch-*/train/policy-e*.gguf"):
             if str(path) not in keep and str(path.resolve()) not in keep:
                 path.unlink(missing_ok=True)
-
-
-def _version(rollout: dict[str, Any]) -> str | None:
-    from .curation import model_version
-
-    return model_version(rollout)
 
 
 def run_plan(plan: Plan, *, progress: bool = True) -> dict[str, Any]:

@@ -100,10 +100,21 @@ def load_policy(base_model: str, init_adapter: str | None, lora: Mapping[str, An
     if init_adapter:
         return PeftModel.from_pretrained(model, init_adapter, is_trainable=True), tokenizer
     options = dict(lora or {})
+    # `layers`: adapt only these decoder layers (e.g. the top ones); backprop then stops below them,
+    # which on CPU saves most of the backward pass.
+    layers = options.get("layers")
     config = LoraConfig(r=int(options.get("r", 16)), lora_alpha=int(options.get("alpha", 32)),
                         lora_dropout=float(options.get("dropout", 0.0)),
-                        target_modules=list(options.get("target_modules", LORA_TARGETS)), task_type="CAUSAL_LM")
+                        target_modules=list(options.get("target_modules", LORA_TARGETS)), task_type="CAUSAL_LM",
+                        layers_to_transform=_layers(layers, model.config.num_hidden_layers) if layers else None)
     return get_peft_model(model, config), tokenizer
+
+
+def _layers(spec: Any, count: int) -> list[int]:
+    """Layer indices from a list, or "top:N" for the N last layers."""
+    if isinstance(spec, str) and spec.startswith("top:"):
+        return list(range(max(0, count - int(spec[4:])), count))
+    return [int(i) for i in spec]
 
 
 __all__ = ["LORA_TARGETS", "bundled_gguf", "gguf_of", "hf_cache_dir", "load_base", "load_gguf_policy", "load_policy"]

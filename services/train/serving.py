@@ -53,7 +53,8 @@ class Serving:
         if not self.owns_stack:
             self.registry = registry_from_json(orjson.loads(Path(stack.registry_file or "").read_bytes()))
             return
-        overrides = list(stack.overrides)
+        # "{seed}" in an override is the plan's seed (e.g. policy_model.seed={seed}: each seed samples anew).
+        overrides = [item.replace("{seed}", str(self.plan.seed)) for item in stack.overrides]
         if model_path is not None:
             overrides.append(f"{POLICY}.model_path={model_path}")
         self.stack = Stack(load_stack(stack.configs, overrides))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rollgym.data.curriculum import CurriculumConfig
-from rollgym.train.curation import CurateConfig, CurationError, curate, model_version
+from rollgym.train.curation import CurateConfig, CurationError, curate, model_versions, on_policy
 
 
 def rollout(group: str, index: int, reward: float | None, *, version: str = "policy-e001", tokens: bool = True,
@@ -33,13 +33,16 @@ def group(name: str, rewards: list[float | None], **kwargs: Any) -> list[dict[st
     return [rollout(name, i, r, **kwargs) for i, r in enumerate(rewards)]
 
 
-def test_model_version_prefers_model_version_fields() -> None:
+def test_model_versions_of_every_turn() -> None:
     row = rollout("g", 0, 1.0)
-    assert model_version(row) == "policy-e001"
-    row["response"]["output"][-1]["model_version"] = "lora-3"
-    assert model_version(row) == "lora-3"
-    row["response"]["model_version"] = "lora-4"
-    assert model_version(row) == "lora-4"
+    assert model_versions(row) == {"policy-e001"}  # a server without model_version: the served model's name
+    assert on_policy(row, "policy-e001") and not on_policy(row, "policy-e002")
+    row["response"]["output"][0]["model_version"] = "e3@1"
+    row["response"]["output"][-1]["model_version"] = "e3@1"
+    assert model_versions(row) == {"e3@1"} and on_policy(row, "e3") and on_policy(row, "e3@1")
+    # The adapter changed between the tool call and the answer: the rollout is stale.
+    row["response"]["output"][-1]["model_version"] = "e4@2"
+    assert not on_policy(row, "e3") and not on_policy(row, "e4")
 
 
 def test_stale_failed_and_tokenless_rollouts_are_dropped_and_counted() -> None:
