@@ -265,12 +265,12 @@ class TrainLoop:
         self._append_history(line)
 
     def _overhead(self, phases: dict[str, Any]) -> float:
-        """The loop's own seconds: curation, apply, and the optimize time that is not the trainer's."""
+        """The loop's own seconds: everything but generation (collect, validate) and the trainer's
+        train() call: curation, the trainer's start and model load, the GGUF export, apply."""
         optimize = phases.get("optimize", {})
-        metrics = optimize.get("artefact", {}).get("metrics", {})
-        trainer_s = metrics.get("train_s", 0.0) + metrics.get("load_s", 0.0)
+        train_s = optimize.get("artefact", {}).get("metrics", {}).get("train_s", 0.0)
         return round(phases.get("curate", {}).get("s", 0.0) + phases.get("apply", {}).get("s", 0.0)
-                     + max(0.0, optimize.get("s", 0.0) - trainer_s), 3)
+                     + max(0.0, optimize.get("s", 0.0) - train_s), 3)
 
     # ------------------------------------------------------------------ phases
 
@@ -369,6 +369,7 @@ class TrainLoop:
         restored = Artefact.model_validate(best["artefact"]) if best["artefact"] else None
         self.serving.apply(restored, mode)
         self.state["applied"] = best["artefact"]
+        self.state["last"] = best["artefact"]  # the next epoch trains on from the restored weights
         verdict = {"ok": False, "reward": reward, "best": best["reward"], "restored": self.serving.version,
                    "action": guard.on_violation}
         if guard.on_violation == "stop":

@@ -48,3 +48,27 @@ class SleepingTrainer:
 
 class NotATrainer:
     pass
+
+
+class GgufTrainer:
+    """For apply: merged. Epoch 1 serves the base weights again under its own name; epoch 2 serves
+    weights with loud noise added (a step that broke the model)."""
+
+    def fit(self, dataset: Path, config: TrainConfig) -> Artefact:
+        import numpy as np
+
+        from rollgym.train.gguf_export import write_merged_gguf
+        from rollgym.train.policy import bundled_gguf
+
+        out = Path(config.output_dir)
+        (out / "adapter").mkdir(parents=True, exist_ok=True)
+        serving = out / f"{config.version}.gguf"
+        if config.version.endswith("1"):
+            os.link(out.parents[1] / "serving" / "policy-base.gguf", serving)
+        else:
+            noise = np.random.default_rng(0)
+            deltas = {f"model.layers.{i}.mlp.down_proj": noise.normal(0, 1.0, (576, 1536)).astype(np.float32)
+                      for i in range(30)}
+            write_merged_gguf(bundled_gguf(), deltas, serving, "f16")
+        return Artefact(kind="lora", uri=str(out / "adapter"), base_model=config.base_model, version=config.version,
+                        serving_uri=str(serving), metrics={"train_s": 0.0})
