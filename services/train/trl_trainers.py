@@ -244,7 +244,8 @@ class GRPOTrainer(_LoraTrainer):
                 f"the served model's sampling logprobs differ from the trainer's by {mean_gap:.3f} per token on "
                 f"average (max_logprob_gap {bound}): the rollouts were not sampled from these weights (a quantized "
                 "or stale model is serving); serve the merged weights unquantized (apply: merged)")
-        groups_per_step = int(args.get("groups_per_step", 2))
+        # A batch larger than the data would give TRL's sampler no full batch, and zero steps.
+        groups_per_step = max(1, min(int(args.get("groups_per_step", 2)), len(rows)))
         longest = max(len(m["sequence"]["completion_ids"]) for g in rows for m in g["rollouts"])
         settings = _common_args(config, len(rows), groups_per_step * size, dict(
             num_generations=size, max_completion_length=longest, temperature=temperature,

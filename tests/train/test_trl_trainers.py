@@ -135,7 +135,8 @@ def grpo_groups(model: Any, tokenizer: Any, offset: float = 0.0) -> list[dict[st
 def test_grpo_one_step_from_collected_groups(shared_base: Any, tmp_path: Path) -> None:
     model, tokenizer = shared_base
     groups = grpo_groups(model, tokenizer)
-    artefact = T.GRPOTrainer().fit(write(tmp_path, groups), config(tmp_path, groups_per_step=2, max_logprob_gap=0.01))
+    # groups_per_step above the number of groups: one step over both, not zero steps.
+    artefact = T.GRPOTrainer().fit(write(tmp_path, groups), config(tmp_path, groups_per_step=4, max_logprob_gap=0.01))
     assert artefact.metrics["steps"] == 1 and math.isfinite(artefact.metrics["train_loss"])
     # The sampling logprobs are the trainer's own here: the measured gap is float noise.
     assert artefact.metrics["logprob_gap_mean"] < 1e-3
