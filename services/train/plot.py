@@ -21,7 +21,7 @@ def plot_history(history: list[dict[str, Any]], output: Path) -> Path:
                   if h.get("validation") and h["validation"].get("mean_reward") is not None]
     pass_keys = sorted({k for h in history for k in (h.get("validation") or {}) if k.startswith("pass@")},
                        key=lambda k: int(k.split("@")[1]))
-    figure, axes = plt.subplots(figsize=(7, 4), dpi=110)
+    figure, axes = plt.subplots(figsize=(7, 4.4), dpi=110)
     if train:
         axes.plot(*zip(*train), marker="o", label="train (collected) mean reward")
     if validation:
@@ -33,11 +33,14 @@ def plot_history(history: list[dict[str, Any]], output: Path) -> Path:
     for h in history:
         if h.get("guard") and not h["guard"].get("ok", True):
             axes.axvline(h["epoch"], color="red", alpha=0.3)
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("epoch (0 = base model)")
     axes.set_ylabel("reward")
     axes.set_ylim(-0.02, 1.02)
     axes.grid(alpha=0.3)
-    axes.legend(loc="lower right")
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize="small", frameon=False)
     figure.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.stem}.tmp{os.getpid()}.png")
