@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # llama-cpp-python compiles from source; NATIVE=OFF keeps the build portable across CPUs.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install demo test clean browser view
+.PHONY: install demo test train-demo clean browser view
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,10 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The tests also run one real GRPO step with TRL on CPU (torch, transformers, trl), and the proxy
-# agent's example agents and the MCP environment (agents).
-$(VENV)/.installed-trl: $(VENV)/.installed
-	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents]"
+# The tests also run real TRL steps on CPU (torch, transformers, trl, peft): the GRPO integration and
+# the trainer adapters of `rollgym train`; and the proxy agent's example agents and the MCP environment (agents).
+$(VENV)/.installed-trl: $(VENV)/.installed pyproject.toml
+	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train]"
 	touch $@
 
 # Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.
@@ -35,6 +35,13 @@ demo: install
 		--input resources_servers/weather/data/example.jsonl --repeats 4 --concurrency 8 --max-output-tokens 64 \
 		--param 'tool_choice={"type": "function", "name": "get_weather"}' \
 		--output $(DEMO_DIR)/weather.jsonl
+
+# The embedded SmolLM2-135M learns the weather task on CPU: rejection-sampling SFT, then GRPO, with
+# validation on held-out tasks (scripts/train/weather.yaml, docs/trainers.md). Rerunning resumes.
+TRAIN_DIR ?= runs/train-weather-$(shell date +%Y%m%d-%H%M%S)
+
+train-demo: $(VENV)/.installed-trl
+	$(VENV)/bin/rollgym train scripts/train/weather.yaml output=$(TRAIN_DIR)
 
 # The viewer's browser test needs Debian's chromium and its driver: installed here when we are root
 # on a machine with apt; elsewhere the test says why it is skipped.

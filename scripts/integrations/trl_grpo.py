@@ -55,6 +55,7 @@ import orjson
 
 from rollgym import RolloutClient
 from rollgym.data.export import prompt_messages
+from rollgym.train.policy import load_gguf_policy
 
 log = logging.getLogger("rollgym.trl_grpo")
 
@@ -250,40 +251,6 @@ def rollgym_reward(prompts: list[Any], completions: list[Any], rollgym_reward: l
 
 
 # ---------------------------------------------------------------------------- the GGUF policy on CPU
-
-
-def load_gguf_policy(gguf_path: str | os.PathLike[str],
-                     cache_dir: str | os.PathLike[str] | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from a GGUF file with transformers, dequantized so that it can be trained.
-
-    transformers parses the GGUF (slowly: about a minute on two cores for SmolLM2-135M). With
-    `cache_dir`, the converted model and tokenizer are saved there once (`save_pretrained`) and later
-    loads read that copy; the folder name carries the GGUF's size and modification time.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-
-    path = Path(gguf_path)
-    cached = None
-    if cache_dir is not None:
-        stat = path.stat()
-        cached = Path(cache_dir) / f"{path.stem}-{stat.st_size}-{int(stat.st_mtime)}"
-        if (cached / "config.json").is_file() and (cached / "tokenizer_config.json").is_file():
-            return (AutoModelForCausalLM.from_pretrained(cached, dtype=torch.float32),
-                    AutoTokenizer.from_pretrained(cached))
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32
-    )
-    if cached is not None:
-        partial = cached.with_name(cached.name + f".tmp{os.getpid()}")
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        try:
-            partial.rename(cached)
-        except OSError:  # another process got there first
-            pass
-    return model, tokenizer
 
 
 def grpo_config(output_dir: str, **overrides: Any) -> Any:

@@ -1,0 +1,56 @@
+"""`rollgym train PLAN.yaml [KEY=VALUE ...]`: run a training plan (rollgym.train)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "train", help="run a training plan: epochs of collect, curate, optimize, apply, validate (resumable)")
+    parser.add_argument("plan", help="the plan YAML (docs/trainers.md)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="top-level plan keys to override, e.g. output=runs/x seed=1")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.set_defaults(handler=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import yaml
+
+    from ..train.loop import TrainError, TrainLoop
+    from ..train.plan import PlanError, load_plan
+    from .common import UsageError
+
+    overrides: dict[str, Any] = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{item!r} must look like KEY=VALUE (e.g. seed=1)")
+        overrides[key] = yaml.safe_load(value)
+    try:
+        plan = load_plan(args.plan, overrides)
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+    loop = TrainLoop(plan, progress=not args.no_progress)
+    try:
+        state = loop.run()
+    except TrainError as exc:
+        print(f"rollgym: error: {exc}", file=sys.stderr)
+        return 1
+    for line in loop.history():
+        validation = line.get("validation") or {}
+        train = line.get("train") or {}
+        figures = []
+        if train.get("mean_reward") is not None:
+            figures.append(f"train reward {train['mean_reward']:.3f}")
+        if validation.get("mean_reward") is not None:
+            figures.append(f"validation reward {validation['mean_reward']:.3f}")
+        print(f"epoch {line['epoch']:>2}  {line.get('stage') or 'base':<10} {line.get('model_version') or '-':<14} "
+              + ", ".join(figures))
+    print(f"history: {loop.history_path}  plot: {loop.output / 'reward.png'}")
+    if state.get("stopped"):
+        print(f"stopped: {state['stopped']}")
+    return 0

@@ -1,0 +1,113 @@
+"""Merged LoRA weights as an unquantized GGUF that the embedded llama.cpp model server can serve.
+
+The base GGUF is the template: its metadata (tokenizer, chat template, hyper-parameters) is copied,
+every tensor is dequantized with the `gguf` package (the same numbers transformers trains on), and
+each LoRA delta (scale · B·A, from PEFT) is added to the tensor it adapts. The result is F16 or F32:
+serving it means the sampling logprobs are those of the trainer's own weights, up to F16 rounding
+(docs/trainers.md, "The importance ratio on CPU").
+
+llama.cpp stores the q and k projections of LLaMA models with their rows permuted for its RoPE
+layout (llama.cpp's convert_hf_to_gguf.py does it; transformers undoes it when it loads a GGUF), so
+the deltas of those two get the same permutation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def permute_rows(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """llama.cpp's row order for q/k projections (convert_hf_to_gguf.py `LlamaModel.permute`)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+            .swapaxes(1, 2).reshape(weights.shape))
+
+
+def lora_deltas(peft_model: Any) -> dict[str, np.ndarray]:
+    """{"model.layers.0.self_attn.q_proj": delta (out × in, float32)} for every LoRA layer of a PEFT model."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas: dict[str, np.ndarray] = {}
+    for name, module in peft_model.named_modules():
+        if isinstance(module, LoraLayer) and module.active_adapters:
+            adapter = module.active_adapters[0]
+            if adapter not in module.lora_A:
+                continue
+            delta = module.get_delta_weight(adapter).detach().float().cpu().numpy()
+            deltas[name.removeprefix("base_model.model.")] = delta
+    return deltas
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def write_merged_gguf(template: str | os.PathLike[str], deltas: Mapping[str, np.ndarray],
+                      output: str | os.PathLike[str], dtype: str = "f16") -> Path:
+    """Write `template`'s weights plus `deltas` to `output` as an F16 (2-D tensors) or F32 GGUF."""
+    import gguf
+
+    if dtype not in ("f16", "f32"):
+        raise ValueError(f"dtype must be 'f16' or 'f32', got {dtype!r}")
+    reader = gguf.GGUFReader(str(template))
+    arch = _field(reader, gguf.Keys.General.ARCHITECTURE)
+    if arch != "llama":
+        raise ValueError(f"{template}: merging a LoRA is supported for llama GGUFs, not {arch!r}")
+    n_blocks = int(_field(reader, f"{arch}.block_count"))
+    n_head = int(_field(reader, f"{arch}.attention.head_count"))
+    n_head_kv = int(_field(reader, f"{arch}.attention.head_count_kv") or n_head)
+    names = gguf.TensorNameMap(gguf.MODEL_ARCH.LLAMA, n_blocks)
+    by_tensor: dict[str, np.ndarray] = {}
+    for module, delta in deltas.items():
+        target = names.get_name(module)
+        if target is None:
+            raise ValueError(f"no GGUF tensor for the LoRA layer {module!r}")
+        if module.endswith("q_proj"):
+            delta = permute_rows(delta, n_head, n_head)
+        elif module.endswith("k_proj"):
+            delta = permute_rows(delta, n_head, n_head_kv)
+        by_tensor[target + ".weight"] = delta
+
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + f".tmp{os.getpid()}")
+    writer = gguf.GGUFWriter(str(partial), arch)
+    file_type = gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
+    for field in reader.fields.values():
+        if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    writer.add_file_type(int(file_type))
+    used = set()
+    for tensor in reader.tensors:
+        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+        delta = by_tensor.get(tensor.name)
+        if delta is not None:
+            if delta.shape != weights.shape:
+                raise ValueError(f"{tensor.name}: LoRA delta {delta.shape} does not fit the tensor {weights.shape}")
+            weights = weights + delta
+            used.add(tensor.name)
+        # 1-D tensors (norms) stay F32, as llama.cpp's converter writes them.
+        if dtype == "f16" and weights.ndim > 1:
+            weights = weights.astype(np.float16)
+        writer.add_tensor(tensor.name, np.ascontiguousarray(weights))
+    missing = sorted(set(by_tensor) - used)
+    if missing:
+        raise ValueError(f"LoRA layers with no tensor in {template}: {', '.join(missing[:5])}")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.replace(output)
+    return output
+
+
+__all__ = ["lora_deltas", "permute_rows", "write_merged_gguf"]

@@ -1,0 +1,401 @@
+"""`rollgym train PLAN.yaml`: epochs of collect → curate → optimize → apply → validate.
+
+The output folder holds everything, so that killing the command and running it again continues
+where it stopped:
+
+    OUTPUT/plan.json              the validated plan the run started with
+    OUTPUT/state.json             the applied artefact, the best validated one, whether the run stopped
+    OUTPUT/history.jsonl          one line per finished epoch (epoch 0: the base model's validation)
+    OUTPUT/reward.png             train and validation reward per epoch
+    OUTPUT/serving/               the GGUF the embedded model serves (apply: merged)
+    OUTPUT/epoch-NNN/phases.json  each finished phase's result; a finished phase is not redone
+    OUTPUT/epoch-NNN/rollouts.jsonl, curated.jsonl, train/ (artefact.json, adapter/, train.log),
+                     validation.jsonl
+
+Collection resumes by rollout_id (the collector's own resume), a finished optimize is not redone
+(its artefact.json exists), and the last applied artefact is applied again on start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+from tqdm import tqdm
+
+from ..client import ServerClient
+from ..rollouts.collector import CollectOptions, Collector
+from .curation import CurationError, curate, on_policy
+from .jobs import SubprocessJob, finished_artefact
+from .plan import Plan, StageSection
+from .serving import Serving
+from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
+
+PHASES = ("collect", "curate", "optimize", "apply", "validate")
+
+
+class TrainError(RuntimeError):
+    """The run cannot go on; the message says which epoch and phase, and why."""
+
+
+def _write_json(path: Path, data: Any) -> None:
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    partial.replace(path)
+
+
+def _read_json(path: Path, default: Any) -> Any:
+    return orjson.loads(path.read_bytes()) if path.is_file() else default
+
+
+def read_rollouts(path: Path) -> list[dict[str, Any]]:
+    """Finished rollouts of a collection (a torn last line, from a kill, is left out)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_bytes().splitlines():
+            try:
+                rows.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue
+    return rows
+
+
+class PhaseBar:
+    """A tqdm line for a phase that has no natural progress (curate, optimize, apply)."""
+
+    def __init__(self, epoch: int, phase: str, enabled: bool) -> None:
+        self.bar = tqdm(total=1, desc=f"epoch {epoch} {phase:<8}", disable=not enabled, leave=True,
+                        bar_format="{desc} {bar:10} {elapsed} {postfix}", file=sys.stderr)
+
+    def tick(self) -> None:
+        if sys.stderr.isatty():  # a log file gets the finished line only
+            self.bar.refresh()
+
+    def done(self, **postfix: Any) -> None:
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+        self.bar.close()
+
+
+class TrainLoop:
+    def __init__(self, plan: Plan, *, progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+        self.plan = plan
+        self.progress = progress
+        self.log = log or (lambda message: print(f"rollgym: {message}", file=sys.stderr))
+        self.output = Path(plan.output)
+        self.state_path = self.output / "state.json"
+        self.history_path = self.output / "history.jsonl"
+        self.serving = Serving(plan, self.output / "serving")
+        self.state: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ state
+
+    def _save_state(self) -> None:
+        _write_json(self.state_path, self.state)
+
+    def _artefact(self, key: str) -> Artefact | None:
+        data = self.state.get(key)
+        return Artefact.model_validate(data) if data else None
+
+    def _apply_mode(self) -> str:
+        """The apply mode the serving side runs in (a plan uses one for all its stages)."""
+        modes = {stage.apply for stage in self.plan.stages} - {"none"}
+        if len(modes) > 1:
+            raise TrainError(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
+        return modes.pop() if modes else "none"
+
+    def _epoch_dir(self, epoch: int) -> Path:
+        return self.output / f"epoch-{epoch:03d}"
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> dict[str, Any]:
+        plan = self.plan
+        self.output.mkdir(parents=True, exist_ok=True)
+        (self.output / "serving").mkdir(exist_ok=True)
+        saved = _read_json(self.output / "plan.json", None)
+        current = plan.model_dump(mode="json")
+        if saved is not None and saved != current:
+            changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+            raise TrainError(f"{self.output} holds a run of another plan (keys differ: {', '.join(changed)}); "
+                             "use another output folder")
+        _write_json(self.output / "plan.json", current)
+        self.state = _read_json(self.state_path, {"applied": None, "best": None, "last": None, "stopped": None})
+        if self.state.get("stopped"):
+            self.log(f"this run has stopped already: {self.state['stopped']}")
+            return self.state
+        mode = self._apply_mode()
+        tqdm.monitor_interval = 0  # no monitor thread: the launcher forks servers only from a single thread
+        started = time.perf_counter()
+        self.serving.serve_base(mode, plan.base_model)
+        self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
+        try:
+            applied = self._artefact("applied")
+            if applied is not None:
+                self.log(f"resuming: applying {applied.version} again")
+                self.serving.apply(applied, mode)
+            done = {int(line["epoch"]) for line in self.history()}
+            if plan.validation is not None and 0 not in done:
+                self._epoch_zero()
+            for epoch, stage in plan.epochs():
+                if epoch in done:
+                    continue
+                self._epoch(epoch, stage, mode)
+                if self.state.get("stopped"):
+                    self.log(f"stopped: {self.state['stopped']}")
+                    break
+        finally:
+            self.serving.stop()
+        return self.state
+
+    def history(self) -> list[dict[str, Any]]:
+        return read_rollouts(self.history_path)
+
+    def _append_history(self, line: dict[str, Any]) -> None:
+        with self.history_path.open("ab") as handle:
+            handle.write(orjson.dumps(line) + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            from .plot import plot_history
+
+            plot_history(self.history(), self.output / "reward.png")
+        except Exception as exc:  # noqa: BLE001 - a plot must never stop training
+            self.log(f"reward.png not drawn: {type(exc).__name__}: {exc}")
+
+    def _epoch_zero(self) -> None:
+        folder = self._epoch_dir(0)
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        summary = self._validate(0, folder)
+        line = {"epoch": 0, "stage": None, "model_version": self.serving.version, "artefact": None,
+                "validation": summary, "phases_s": {"validate": round(time.perf_counter() - started, 3)}}
+        self._remember_best(summary, None)
+        self._save_state()
+        self._append_history(line)
+
+    # ------------------------------------------------------------------ one epoch
+
+    def _epoch(self, epoch: int, stage: StageSection, mode: str) -> None:
+        folder = self._epoch_dir(epoch)
+        folder.mkdir(parents=True, exist_ok=True)
+        phases_path = folder / "phases.json"
+        phases: dict[str, Any] = _read_json(phases_path, {})
+        epoch_started = time.perf_counter()
+
+        def finish(name: str, result: dict[str, Any], seconds: float) -> None:
+            phases[name] = {**result, "s": round(seconds, 3)}
+            _write_json(phases_path, phases)
+
+        version = phases.get("collect", {}).get("model_version", self.serving.version)
+        if "collect" not in phases:
+            t = time.perf_counter()
+            summary = self._collect(epoch, stage, folder)
+            finish("collect", {"model_version": version, "summary": summary}, time.perf_counter() - t)
+
+        if "curate" not in phases:
+            t = time.perf_counter()
+            bar = PhaseBar(epoch, "curate", self.progress)
+            rollouts = read_rollouts(folder / "rollouts.jsonl")
+            repeats = stage.collect.repeats
+            try:
+                curated = curate(rollouts, stage.optimize.data or "sft", stage.curate, epoch=epoch - 1,
+                                 version=version, group_size=repeats, stage=f"epoch {epoch} ({stage.name})")
+                if not curated.records:
+                    raise CurationError(f"epoch {epoch} ({stage.name}): nothing left to train on after curation "
+                                        f"({curated.summary()['dropped']})")
+            except CurationError as exc:
+                bar.done(error="nothing to train on")
+                raise TrainError(str(exc)) from None
+            with (folder / "curated.jsonl").open("wb") as handle:
+                for record in curated.records:
+                    handle.write(orjson.dumps(record) + b"\n")
+            bar.done(records=len(curated.records), dropped=sum(curated.dropped.values()))
+            finish("curate", curated.summary(), time.perf_counter() - t)
+
+        artefact = finished_artefact(folder / "train")  # a step that finished is never redone
+        if artefact is None:
+            t = time.perf_counter()
+            artefact = self._optimize(epoch, stage, folder, mode)
+            finish("optimize", {"artefact": artefact.model_dump()}, time.perf_counter() - t)
+        elif "optimize" not in phases:  # it finished, the loop died before recording it
+            finish("optimize", {"artefact": artefact.model_dump()}, 0.0)
+        self.state["last"] = artefact.model_dump()
+        self._save_state()
+
+        if "apply" not in phases:
+            bar = PhaseBar(epoch, "apply", self.progress)
+            seconds = self.serving.apply(artefact, stage.apply)
+            if stage.apply != "none":
+                self.state["applied"] = artefact.model_dump()
+                self._save_state()
+            bar.done(version=self.serving.version, s=f"{seconds:.2f}")
+            finish("apply", {"mode": stage.apply, "model_version": self.serving.version}, seconds)
+
+        validation = None
+        guard = None
+        if self.plan.validation is not None and epoch % self.plan.validation.every == 0:
+            if "validate" not in phases:
+                t = time.perf_counter()
+                finish("validate", {"summary": self._validate(epoch, folder)}, time.perf_counter() - t)
+            validation = phases["validate"]["summary"]
+            guard = self._guard(validation, artefact, mode)
+        self._prune_serving()
+        wall = time.perf_counter() - epoch_started
+        timings = {name: phases[name]["s"] for name in PHASES if name in phases}
+        collected = phases["collect"]["summary"]
+        line = {
+            "epoch": epoch, "stage": stage.name, "model_version": self.serving.version,
+            "artefact": artefact.uri, "serving": artefact.serving_uri,
+            "train": {"mean_reward": collected.get("mean_reward"),
+                      **{k: v for k, v in collected.items() if k.startswith("pass@")},
+                      "rollouts": collected.get("rollouts"), "failed": collected.get("failed"),
+                      **artefact.metrics},
+            "curated": {k: v for k, v in phases["curate"].items() if k != "s"},
+            "validation": validation, "guard": guard, "phases_s": timings,
+            "overhead_s": self._overhead(phases),
+            "wall_s_this_run": round(wall, 3),
+        }
+        self._append_history(line)
+
+    def _overhead(self, phases: dict[str, Any]) -> float:
+        """The loop's own seconds: everything but generation (collect, validate) and the trainer's
+        train() call: curation, the trainer's start and model load, the GGUF export, apply."""
+        optimize = phases.get("optimize", {})
+        train_s = optimize.get("artefact", {}).get("metrics", {}).get("train_s", 0.0)
+        return round(phases.get("curate", {}).get("s", 0.0) + phases.get("apply", {}).get("s", 0.0)
+                     + max(0.0, optimize.get("s", 0.0) - train_s), 3)
+
+    # ------------------------------------------------------------------ phases
+
+    def _collect(self, epoch: int, stage: StageSection, folder: Path) -> dict[str, Any]:
+        params = {**stage.collect.params, **self.serving.request_params()}
+        options = CollectOptions(input=Path(stage.collect.input), output=folder / "rollouts.jsonl",
+                                 repeats=stage.collect.repeats, concurrency=self.plan.stack.concurrency,
+                                 limit=stage.collect.limit, params=params, progress=self.progress)
+        return self._run_collection(options, f"epoch {epoch} collect")
+
+    def _validate(self, epoch: int, folder: Path) -> dict[str, Any]:
+        section = self.plan.validation
+        assert section is not None
+        params = {**section.params, **self.serving.request_params()}
+        options = CollectOptions(input=Path(section.input), output=folder / "validation.jsonl",
+                                 repeats=section.repeats, concurrency=self.plan.stack.concurrency,
+                                 limit=section.limit, params=params, pass_threshold=section.pass_threshold,
+                                 progress=self.progress)
+        summary = self._run_collection(options, f"epoch {epoch} validate")
+        version = self.serving.version
+        stale = sum(1 for r in read_rollouts(options.output) if version is not None and not on_policy(r, version))
+        if stale:
+            raise TrainError(f"epoch {epoch} validate: {stale} rollouts came from another model version than "
+                             f"{self.serving.version}")
+        return summary
+
+    def _run_collection(self, options: CollectOptions, label: str) -> dict[str, Any]:
+        if not options.input.is_file():
+            raise TrainError(f"{label}: no such task file: {options.input}")
+        agent = self._agent()
+
+        async def collect() -> dict[str, Any]:
+            client = ServerClient(self.serving.registry, timeout_s=options.timeout_s, max_retries=2)
+            try:
+                return await Collector(client, agent, options, log=self.log).run()
+            finally:
+                await client.close()
+
+        if self.progress:
+            print(f"{label}:", file=sys.stderr)
+        summary = asyncio.run(collect())
+        keep = ("rollouts", "groups", "failed", "mean_reward", "reward_std", "status_counts")
+        return {k: v for k, v in summary.items() if k in keep or k.startswith("pass@")}
+
+    def _agent(self) -> str:
+        wanted = self.plan.stack.agent
+        agents = [name for name, address in self.serving.registry.items() if address.role in ("agents", "")]
+        if wanted:
+            if wanted not in self.serving.registry:
+                raise TrainError(f"stack.agent: no server named {wanted!r} (agents: {', '.join(agents)})")
+            return wanted
+        if len(agents) != 1:
+            raise TrainError(f"stack.agent: the stack has {len(agents)} agents ({', '.join(agents)}); name one")
+        return agents[0]
+
+    def _optimize(self, epoch: int, stage: StageSection, folder: Path, mode: str) -> Artefact:
+        previous = self._artefact("applied") if mode != "none" else self._artefact("last")
+        config = TrainConfig(
+            base_model=self.plan.base_model, output_dir=str(folder / "train"), version=f"policy-e{epoch:03d}",
+            init_adapter=previous.uri if previous else None, seed=self.plan.seed + epoch,
+            export_gguf=self.plan.serve_dtype if stage.apply == "merged" else "none", args=stage.optimize.args,
+        )
+        adapter = stage.optimize.adapter
+        bar = PhaseBar(epoch, "optimize", self.progress)
+        try:
+            instance = None if ":" not in adapter else load_adapter(adapter)
+            if isinstance(instance, RemoteTrainer):
+                job = instance.submit(folder / "curated.jsonl", config)
+            else:  # a fit() trainer runs in a child process: its crash fails this step, not the loop
+                job = SubprocessJob.start(adapter, folder / "curated.jsonl", config)
+            while job.status() == "running":
+                bar.tick()
+                time.sleep(0.5)
+            artefact = job.wait()
+        except (TrainingFailed, ValueError) as exc:
+            bar.done(error="failed")
+            raise TrainError(f"epoch {epoch} ({stage.name}) optimize with {adapter}: {exc}") from None
+        bar.done(loss=f"{artefact.metrics.get('train_loss', math.nan):.4f}", steps=int(artefact.metrics.get("steps", 0)))
+        return artefact
+
+    def _remember_best(self, summary: dict[str, Any], artefact: Artefact | None) -> None:
+        reward = summary.get("mean_reward")
+        best = self.state.get("best")
+        if reward is not None and (best is None or reward > best["reward"]):
+            self.state["best"] = {"reward": reward, "artefact": artefact.model_dump() if artefact else None,
+                                  "version": self.serving.version}
+
+    def _guard(self, summary: dict[str, Any], artefact: Artefact, mode: str) -> dict[str, Any] | None:
+        guard = self.plan.guard
+        reward = summary.get("mean_reward")
+        best = self.state.get("best")
+        if guard is None or reward is None or best is None or reward + 1e-12 >= best["reward"] - guard.max_drop:
+            self._remember_best(summary, artefact)
+            self._save_state()
+            return None if guard is None else {"ok": True}
+        restored = Artefact.model_validate(best["artefact"]) if best["artefact"] else None
+        self.serving.apply(restored, mode)
+        self.state["applied"] = best["artefact"]
+        self.state["last"] = best["artefact"]  # the next epoch trains on from the restored weights
+        verdict = {"ok": False, "reward": reward, "best": best["reward"], "restored": self.serving.version,
+                   "action": guard.on_violation}
+        if guard.on_violation == "stop":
+            self.state["stopped"] = (f"validation reward {reward:.3f} fell more than {guard.max_drop} below the best "
+                                     f"{best['reward']:.3f}; restored {self.serving.version}")
+        self._save_state()
+        self.log(f"guard: validation reward {reward:.3f} < best {best['reward']:.3f} - {guard.max_drop}: "
+                 f"restored {self.serving.version}")
+        return verdict
+
+    def _prune_serving(self) -> None:
+        """Delete merged GGUFs that are neither applied nor the best (each is hundreds of MB)."""
+        keep = set()
+        for key in ("applied", "last"):
+            if self.state.get(key):
+                keep.add(self.state[key].get("serving_uri"))
+        best = self.state.get("best") or {}
+        if best.get("artefact"):
+            keep.add(best["artefact"].get("serving_uri"))
+        for path in self.output.glob("epoch-*/train/policy-e*.gguf"):
+            if str(path) not in keep and str(path.resolve()) not in keep:
+                path.unlink(missing_ok=True)
+
+
+def run_plan(plan: Plan, *, progress: bool = True) -> dict[str, Any]:
+    return TrainLoop(plan, progress=progress).run()
+
+
+__all__ = ["PHASES", "TrainError", "TrainLoop", "read_rollouts", "run_plan"]

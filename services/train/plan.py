@@ -1,0 +1,161 @@
+"""The training plan: one YAML file, validated with errors that name the key at fault.
+
+    base_model: bundled               # the embedded SmolLM2 GGUF; or a *.gguf file; or a HF model name
+    output: runs/train-weather
+    stack:
+      configs: [resources_servers/weather/configs/weather.yaml]
+      overrides: [policy_model.n_ctx=2048]
+      # registry_file: stack.json     # or use a running stack (then apply: lora only)
+    validation:
+      input: resources_servers/weather/data/validation.jsonl
+      every: 1                        # epochs; the base model is measured at epoch 0
+      repeats: 4
+      params: {temperature: 1.0, max_output_tokens: 64}
+    stages:
+      - name: bootstrap
+        epochs: 1
+        collect: {input: resources_servers/weather/data/train.jsonl, repeats: 4, params: {...}}
+        curate: {min_reward: 1.0, top_k_per_group: 1}
+        optimize: {adapter: trl_sft, args: {learning_rate: 2.0e-4, epochs: 2}}
+        apply: merged
+      - name: grpo
+        epochs: 3
+        ...
+    guard: {max_drop: 0.1, on_violation: stop}
+
+Relative paths are relative to the current directory, as on the command line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import format_location
+from .curation import CurateConfig
+from .trainers import BUILTIN, DATA_KIND
+
+
+class PlanError(ValueError):
+    """A plan that cannot be run; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StackSection(_Strict):
+    configs: list[str] = Field(default_factory=list, description="server config files of the stack")
+    overrides: list[str] = Field(default_factory=list, description="key.path=value overrides")
+    registry_file: str | None = Field(default=None, description="use a running stack (rollgym run --registry-file)")
+    agent: str | None = Field(default=None, description="which agent of the stack (default: the only one)")
+    concurrency: int = Field(default=8, ge=1, description="rollouts in flight while collecting")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "StackSection":
+        if bool(self.configs) == bool(self.registry_file):
+            raise ValueError("give either configs (start a stack) or registry_file (use a running one)")
+        return self
+
+
+class CollectSection(_Strict):
+    input: str = Field(description="task rows JSONL")
+    repeats: int = Field(default=4, ge=1, description="rollouts per task (a group)")
+    limit: int | None = Field(default=None, ge=1, description="use the first N tasks")
+    params: dict[str, Any] = Field(default_factory=dict, description="merged into every responses_create_params")
+
+
+class OptimizeSection(_Strict):
+    adapter: str = Field(description=f"one of {', '.join(BUILTIN)}, or an import path 'module:Class'")
+    data: Literal["sft", "preferences", "groups"] | None = Field(
+        default=None, description="what to curate to; default: what the built-in adapter trains on")
+    args: dict[str, Any] = Field(default_factory=dict, description="the adapter's own arguments")
+
+    @model_validator(mode="after")
+    def _known(self) -> "OptimizeSection":
+        if self.adapter not in BUILTIN and ":" not in self.adapter:
+            raise ValueError(f"unknown adapter {self.adapter!r}: use one of {', '.join(BUILTIN)} or 'module:Class'")
+        if self.data is None:
+            if self.adapter not in DATA_KIND:
+                raise ValueError("say what a custom adapter trains on: data: sft | preferences | groups")
+            self.data = DATA_KIND[self.adapter]  # type: ignore[assignment]
+        return self
+
+
+class StageSection(_Strict):
+    name: str
+    epochs: int = Field(default=1, ge=1)
+    collect: CollectSection
+    curate: CurateConfig = Field(default_factory=CurateConfig)
+    optimize: OptimizeSection
+    apply: Literal["lora", "merged", "none"] = Field(
+        default="merged", description="lora: hot-load the adapter (POST /v1/load_lora_adapter); merged: serve the "
+                                      "merged weights as an unquantized GGUF (embedded model); none")
+
+
+class ValidationSection(_Strict):
+    input: str
+    every: int = Field(default=1, ge=1, description="validate every N epochs (and at epoch 0, the base model)")
+    repeats: int = Field(default=4, ge=1)
+    limit: int | None = Field(default=None, ge=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+    pass_threshold: float = 1.0
+
+
+class GuardSection(_Strict):
+    max_drop: float = Field(default=0.1, ge=0.0, description="validation reward may fall this far below the best")
+    on_violation: Literal["stop", "continue"] = "stop"
+
+
+class Plan(_Strict):
+    base_model: str = "bundled"
+    output: str
+    seed: int = 0
+    serve_dtype: Literal["f16", "f32"] = Field(default="f16", description="GGUF precision of apply: merged")
+    stack: StackSection
+    validation: ValidationSection | None = None
+    stages: list[StageSection] = Field(min_length=1)
+    guard: GuardSection | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Plan":
+        names = [stage.name for stage in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be distinct: {names}")
+        if self.guard is not None and self.validation is None:
+            raise ValueError("a guard needs a validation section (it compares validation rewards)")
+        return self
+
+    def epochs(self) -> list[tuple[int, StageSection]]:
+        """(epoch number from 1, its stage) for every training epoch of the plan."""
+        out: list[tuple[int, StageSection]] = []
+        for stage in self.stages:
+            out.extend((len(out) + 1, stage) for _ in range(stage.epochs))
+        return out
+
+
+def load_plan(path: str | Path, overrides: dict[str, Any] | None = None) -> Plan:
+    """Read and validate a plan file; PlanError names the file and the key at fault."""
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"{path}: no such plan file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{path}: a plan is a mapping of keys (base_model, output, stack, stages, ...)")
+    data.update(overrides or {})
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"{path}: key '{format_location(error['loc']) if error['loc'] else '(top level)'}': "
+                    f"{error['msg'].removeprefix('Value error, ')}" for error in exc.errors()]
+        raise PlanError("\n".join(problems)) from None
+
+
+__all__ = ["CollectSection", "GuardSection", "OptimizeSection", "Plan", "PlanError", "StackSection", "StageSection",
+           "ValidationSection", "load_plan"]

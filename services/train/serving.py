@@ -1,0 +1,126 @@
+"""The stack the loop collects through, and the apply phase: getting an artefact into its policy model.
+
+- `lora`: vLLM's runtime route, which every rollgym model server offers too:
+  `POST /v1/load_lora_adapter {"lora_name": version, "lora_path": artefact.uri}`; requests then select
+  it with `model: version`, and the rollouts report it as their `model_version`.
+- `merged`: the embedded llama.cpp model serves the merged weights as an unquantized GGUF (written by
+  the trainer, `gguf_export.py`); applying restarts the stack's servers on that file. Its model name,
+  the file's stem, is the version the rollouts report. The base model is served the same way (an F16
+  copy of the bundled GGUF), so that what is sampled is what the trainer computes (docs/trainers.md).
+- `none`: the served model stays as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..client import ServerClient, registry_from_json
+from ..config import load_stack
+from ..stack.launcher import Stack
+from .plan import Plan
+from .trainers import Artefact
+
+POLICY = "policy_model"  # the model server the agents of a stack name
+
+
+class ApplyError(RuntimeError):
+    """An artefact could not be applied; the message says which and why."""
+
+
+class Serving:
+    """Starts (or attaches to) the plan's stack and applies artefacts to its policy model."""
+
+    def __init__(self, plan: Plan, serving_dir: Path) -> None:
+        self.plan = plan
+        self.serving_dir = serving_dir
+        self.stack: Stack | None = None
+        self.registry: dict[str, Any] = {}
+        self.model_path: str | None = None  # merged: the GGUF being served
+        self.version: str | None = None  # what the rollouts must report; None = not known/checked
+        self.lora_loaded: set[str] = set()
+
+    @property
+    def owns_stack(self) -> bool:
+        return bool(self.plan.stack.configs)
+
+    def start(self, model_path: str | None = None, timeout_s: float = 300.0) -> None:
+        stack = self.plan.stack
+        if not self.owns_stack:
+            self.registry = registry_from_json(orjson.loads(Path(stack.registry_file or "").read_bytes()))
+            return
+        # "{seed}" in an override is the plan's seed (e.g. policy_model.seed={seed}: each seed samples anew).
+        overrides = [item.replace("{seed}", str(self.plan.seed)) for item in stack.overrides]
+        if model_path is not None:
+            overrides.append(f"{POLICY}.model_path={model_path}")
+        self.stack = Stack(load_stack(stack.configs, overrides))
+        self.registry = self.stack.start(timeout_s=timeout_s)
+        self.model_path = model_path
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            self.stack.stop()
+            self.stack = None
+
+    def request_params(self) -> dict[str, Any]:
+        """What every collection request adds: the adapter's name when one is hot-loaded."""
+        return {"model": self.version} if self.version in self.lora_loaded else {}
+
+    def serve_base(self, mode: str, base_model: str) -> None:
+        """Start serving the base model; for `merged`, as an unquantized copy named policy-base."""
+        if mode != "merged":
+            self.start()
+            return
+        from .gguf_export import write_merged_gguf
+        from .policy import gguf_of
+
+        template = gguf_of(base_model)
+        if template is None:
+            raise ApplyError("apply: merged serves GGUF files with the embedded model; base_model must be "
+                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
+        path = self.serving_dir / "policy-base.gguf"
+        if not path.is_file():
+            write_merged_gguf(template, {}, path, self.plan.serve_dtype)
+        self.start(str(path))
+        self.version = path.stem
+
+    def apply(self, artefact: Artefact | None, mode: str) -> float:
+        """Make `artefact` (None: the base model) the served policy; returns the seconds it took."""
+        started = time.perf_counter()
+        if mode == "none":
+            return 0.0
+        if mode == "merged":
+            path = self.serving_dir / "policy-base.gguf" if artefact is None else artefact.serving_uri
+            if not path or not Path(path).is_file():
+                raise ApplyError(f"apply: merged: no GGUF of {artefact.version if artefact else 'the base'} "
+                                 f"at {path} (the trainer writes it with export_gguf)")
+            if str(path) != self.model_path:
+                self.stop()
+                self.start(str(path))
+            self.version = Path(path).stem
+        elif artefact is None:
+            self.version = None  # the base model, by its own name
+        else:
+            if artefact.version not in self.lora_loaded:
+                asyncio.run(self._load_lora(artefact))
+                self.lora_loaded.add(artefact.version)
+            self.version = artefact.version
+        return time.perf_counter() - started
+
+    async def _load_lora(self, artefact: Artefact) -> None:
+        client = ServerClient(self.registry, timeout_s=120.0, max_retries=1)
+        try:
+            reply = await client.post(POLICY, "/v1/load_lora_adapter",
+                                      json={"lora_name": artefact.version, "lora_path": artefact.uri})
+        finally:
+            await client.close()
+        if not reply.ok and "already" not in reply.text.lower():
+            raise ApplyError(f"apply: lora: {POLICY} refused adapter {artefact.version!r} ({artefact.uri}): "
+                             f"HTTP {reply.status}: {reply.error_message()}")
+
+
+__all__ = ["ApplyError", "POLICY", "Serving"]

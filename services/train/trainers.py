@@ -1,0 +1,117 @@
+"""The trainer adapter protocol: what the training loop hands a trainer and what it gets back.
+
+Two shapes, as trainers come:
+
+- `Trainer.fit(dataset, config) -> Artefact` for a trainer that runs here, in this Python process or
+  (through `SubprocessJob`) in a child process of it;
+- `RemoteTrainer.submit(dataset, config) -> TrainingJob` for one that runs elsewhere (a cluster, a
+  service behind HTTP): the job says `status()`, `wait()`s for its artefact, and can be `cancel()`ed.
+
+`dataset` is a JSONL file of curated records (see `curation.py` for the three kinds); `config` says
+which base model and which previous artefact to start from, where to write, and the adapter's own
+arguments from the plan. A failed run raises `TrainingFailed` with its cause; the loop records it and
+stops that step instead of dying with it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatus = Literal["running", "succeeded", "failed", "cancelled"]
+
+
+class Artefact(BaseModel):
+    """What a training step produced: a LoRA folder (PEFT) or full weights, at `uri`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["lora", "full_weights"]
+    uri: str = Field(description="a local path or a URL the model server can load")
+    base_model: str = Field(description="the model the artefact applies to")
+    version: str = Field(description="the model_version the served model reports once it is applied")
+    metrics: dict[str, float] = Field(default_factory=dict, description="train loss, steps, seconds, ...")
+    serving_uri: str | None = Field(default=None, description="a GGUF of the merged weights, when asked for")
+
+
+class TrainConfig(BaseModel):
+    """What one optimize step is asked to do."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_model: str = Field(description="'bundled' (the embedded SmolLM2 GGUF), a GGUF file, or a Hugging Face model")
+    output_dir: str = Field(description="the step's folder; the artefact goes in it")
+    version: str = Field(description="the version name the artefact gets")
+    init_adapter: str | None = Field(default=None, description="a PEFT folder to continue training from")
+    seed: int = 0
+    export_gguf: Literal["none", "f16", "f32"] = Field(
+        default="none", description="also write the merged weights as a GGUF the embedded model server can serve")
+    args: dict[str, Any] = Field(default_factory=dict, description="the adapter's own arguments, from the plan")
+
+
+class TrainingFailed(RuntimeError):
+    """A training step did not produce an artefact; the message is its cause."""
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """A trainer that runs in this process (or in a child process through `SubprocessJob`)."""
+
+    def fit(self, dataset: Path, config: TrainConfig) -> Artefact: ...
+
+
+@runtime_checkable
+class TrainingJob(Protocol):
+    def status(self) -> JobStatus: ...
+
+    def wait(self, timeout: float | None = None) -> Artefact: ...
+
+    def cancel(self) -> None: ...
+
+
+@runtime_checkable
+class RemoteTrainer(Protocol):
+    """A trainer that runs elsewhere: submit returns at once with a job to wait on."""
+
+    def submit(self, dataset: Path, config: TrainConfig) -> TrainingJob: ...
+
+
+# The built-in adapters, by the name a plan uses; any other name is an import path "module:Class".
+BUILTIN = {
+    "trl_sft": "rollgym.train.trl_trainers:SFTTrainer",
+    "trl_dpo": "rollgym.train.trl_trainers:DPOTrainer",
+    "trl_grpo": "rollgym.train.trl_trainers:GRPOTrainer",
+}
+
+# What each adapter trains on; the loop curates to that kind (curation.py).
+DATA_KIND = {"trl_sft": "sft", "trl_dpo": "preferences", "trl_grpo": "groups"}
+
+
+def import_path(name: str) -> str:
+    """The "module:attribute" of an adapter named in a plan."""
+    path = BUILTIN.get(name, name)
+    if ":" not in path:
+        raise ValueError(f"unknown adapter {name!r}: use one of {', '.join(BUILTIN)} or an import path 'module:Class'")
+    return path
+
+
+def load_adapter(name: str, **kwargs: Any) -> Any:
+    """An instance of the adapter class named `name` (a built-in name or "module:Class")."""
+    module_name, _, attribute = import_path(name).partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"adapter {name!r}: cannot import {module_name}:{attribute}: {exc}") from None
+    adapter = factory(**kwargs)
+    if not isinstance(adapter, (Trainer, RemoteTrainer)):
+        raise ValueError(f"adapter {name!r} has neither fit(dataset, config) nor submit(dataset, config)")
+    return adapter
+
+
+__all__ = [
+    "Artefact", "BUILTIN", "DATA_KIND", "JobStatus", "RemoteTrainer", "TrainConfig", "Trainer", "TrainingFailed",
+    "TrainingJob", "import_path", "load_adapter",
+]

@@ -1,0 +1,198 @@
+"""The epoch loop over a real stack (the scripted backend behind chat_completions, the weather
+environment and its agent, served in-process): history and plot, resume after an interruption in
+every phase and after a SIGKILL during optimize, a failed step's cause, and stale rollouts.
+
+The trainer is tests/train/toy_trainers.py's CountingTrainer: a real adapter run in a child process
+that trains nothing, so these tests cost seconds; the TRL trainers have their own tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from rollgym.client import ServerAddress
+from rollgym.testing import REPO_ROOT
+from rollgym.train.loop import TrainError, TrainLoop, read_rollouts
+from rollgym.train.plan import load_plan
+
+TOY = "tests.train.toy_trainers"
+TASKS = REPO_ROOT / "resources_servers/weather/data/example.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def importable_toys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's child process imports the toy adapters from the repository root."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+
+
+@pytest.fixture()
+def registry_file(scripted_agents: dict[str, ServerAddress], tmp_path: Path) -> Path:
+    path = tmp_path / "stack.json"
+    path.write_bytes(orjson.dumps({name: {"url": a.url, "role": a.role} for name, a in scripted_agents.items()}))
+    return path
+
+
+def make_plan(tmp_path: Path, registry_file: Path, **changes: Any) -> Path:
+    plan: dict[str, Any] = {
+        "output": str(tmp_path / "run"),
+        "stack": {"registry_file": str(registry_file), "agent": "weather_agent", "concurrency": 4},
+        "validation": {"input": str(TASKS), "repeats": 2, "limit": 2},
+        "stages": [{
+            "name": "sft", "epochs": 2,
+            "collect": {"input": str(TASKS), "repeats": 2, "limit": 3},
+            "curate": {"min_reward": 1.0, "top_k_per_group": 1},
+            "optimize": {"adapter": f"{TOY}:CountingTrainer", "data": "sft"},
+            "apply": "none",
+        }],
+        "guard": {"max_drop": 0.2},
+    }
+    for key, value in changes.items():
+        plan[key] = value
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    return path
+
+
+def calls(tmp_path: Path) -> list[list[str]]:
+    log = tmp_path / "run" / "calls.log"
+    return [line.split() for line in log.read_text().splitlines()] if log.is_file() else []
+
+
+def test_a_plan_runs_its_epochs(tmp_path: Path, registry_file: Path) -> None:
+    loop = TrainLoop(load_plan(make_plan(tmp_path, registry_file)), progress=False)
+    state = loop.run()
+    history = loop.history()
+    assert [line["epoch"] for line in history] == [0, 1, 2]
+    first = history[1]
+    assert first["train"]["mean_reward"] == 1.0 and first["train"]["rollouts"] == 6
+    assert first["curated"]["records"] == 3 and first["curated"]["dropped"] == {"not_top_k": 3}
+    assert first["validation"]["mean_reward"] == 1.0 and first["validation"]["pass@2"] == 1.0
+    assert set(first["phases_s"]) == {"collect", "curate", "optimize", "apply", "validate"}
+    assert first["overhead_s"] >= 0 and first["guard"] == {"ok": True}
+    # Epoch 2 trains on from epoch 1's artefact.
+    assert [c[0] for c in calls(tmp_path)] == ["policy-e001", "policy-e002"]
+    assert calls(tmp_path)[1][2] == history[1]["artefact"]
+    assert (tmp_path / "run" / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert state["best"]["reward"] == 1.0 and not state["stopped"]
+
+
+class Interrupted(BaseException):
+    """Stands for Ctrl-C or a crash of the loop itself."""
+
+
+@pytest.mark.parametrize("phase", ["collect", "curate", "optimize", "apply", "validate"])
+def test_resume_after_an_interruption_in_each_phase(tmp_path: Path, registry_file: Path, phase: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The loop dies in epoch 2's `phase` (after that phase's work is on disk, before it is recorded);
+    the rerun finishes the plan without repeating a rollout or a training step."""
+    import rollgym.train.loop as loop_module
+    from rollgym.train.serving import Serving
+
+    plan = load_plan(make_plan(tmp_path, registry_file))
+    patches = {
+        "collect": (TrainLoop, "_run_collection"), "curate": (loop_module, "curate"),
+        "optimize": (TrainLoop, "_optimize"), "apply": (Serving, "apply"), "validate": (TrainLoop, "_validate"),
+    }
+    owner, name = patches[phase]
+    original = getattr(owner, name)
+
+    def in_epoch_two(args: tuple, kwargs: dict) -> bool:
+        if phase == "collect":
+            return args[2] == "epoch 2 collect"
+        if phase == "curate":
+            return kwargs["epoch"] == 1
+        if phase == "apply":
+            return True  # apply none: only called by epoch phases
+        return args[1] == 2
+
+    def interrupt(*args: Any, **kwargs: Any) -> Any:
+        if not in_epoch_two(args, kwargs):
+            return original(*args, **kwargs)
+        if phase == "collect":
+            args[1].limit = 1  # a part of the collection is on disk
+        if phase != "curate":
+            original(*args, **kwargs)
+        raise Interrupted
+
+    if phase == "apply":
+        monkeypatch.setattr(Serving, "apply", lambda self, artefact, mode: interrupt(self, artefact, mode)
+                            if (self.plan.output and (Path(self.plan.output) / "epoch-002" / "curated.jsonl").is_file())
+                            else original(self, artefact, mode))
+    else:
+        monkeypatch.setattr(owner, name, interrupt)
+    with pytest.raises(Interrupted):
+        TrainLoop(plan, progress=False).run()
+    monkeypatch.undo()
+    loop = TrainLoop(plan, progress=False)
+    loop.run()
+    assert [line["epoch"] for line in loop.history()] == [0, 1, 2]
+    rollouts = read_rollouts(tmp_path / "run" / "epoch-002" / "rollouts.jsonl")
+    ids = [r["rollout_id"] for r in rollouts]
+    assert len(ids) == len(set(ids)) == 6, "a resumed collection repeated or lost rollouts"
+    trained = [c[0] for c in calls(tmp_path)]
+    assert trained == ["policy-e001", "policy-e002"], f"optimize was redone or skipped: {trained}"
+    assert len(read_rollouts(tmp_path / "run" / "epoch-002" / "validation.jsonl")) == 4
+
+
+def test_resume_after_sigkill_during_optimize(tmp_path: Path, registry_file: Path) -> None:
+    plan = make_plan(tmp_path, registry_file, stages=[{
+        "name": "sft", "epochs": 1, "collect": {"input": str(TASKS), "repeats": 2, "limit": 2},
+        "optimize": {"adapter": f"{TOY}:CountingTrainer", "data": "sft", "args": {"sleep_s": 60}},
+        "apply": "none"}])
+    command = [sys.executable, "-m", "rollgym.cli", "train", str(plan), "--no-progress"]
+    process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not calls(tmp_path) and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    assert calls(tmp_path), f"the trainer never started: {process.stderr.read().decode() if process.stderr else ''}"
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+    time.sleep(1.0)
+    job = orjson.loads((tmp_path / "run" / "epoch-001" / "train" / "job.json").read_bytes())
+    trainers = subprocess.run(["pgrep", "-f", "rollgym.train.worker .*" + str(tmp_path)], capture_output=True, text=True)
+    assert not trainers.stdout.strip(), "the killed loop left its trainer running"
+    # Run again, with a trainer that does not sleep: the step is redone (it never finished), then the rest.
+    data = yaml.safe_load(plan.read_text())
+    data["stages"][0]["optimize"]["args"] = {"sleep_s": 0}
+    plan.write_text(yaml.safe_dump(data))
+    with pytest.raises(TrainError, match="holds a run of another plan"):
+        TrainLoop(load_plan(plan), progress=False).run()
+    (tmp_path / "run" / "plan.json").unlink()  # the plan was changed on purpose: accept it
+    loop = TrainLoop(load_plan(plan), progress=False)
+    loop.run()
+    assert [line["epoch"] for line in loop.history()] == [0, 1]
+    assert job["adapter"].endswith("CountingTrainer")
+    assert len(calls(tmp_path)) == 2 and len(read_rollouts(tmp_path / "run" / "epoch-001" / "rollouts.jsonl")) == 4
+
+
+def test_a_failed_step_stops_with_its_cause(tmp_path: Path, registry_file: Path) -> None:
+    plan = make_plan(tmp_path, registry_file, stages=[{
+        "name": "sft", "collect": {"input": str(TASKS), "repeats": 2, "limit": 2},
+        "optimize": {"adapter": f"{TOY}:CrashingTrainer", "data": "sft"}, "apply": "none"}])
+    with pytest.raises(TrainError, match=r"epoch 1 \(sft\) optimize with .*CrashingTrainer(.|\n)*CUDA out of memory"):
+        TrainLoop(load_plan(plan), progress=False).run()
+    nothing = make_plan(tmp_path, registry_file, output=str(tmp_path / "run2"), stages=[{
+        "name": "sft", "collect": {"input": str(TASKS), "repeats": 2, "limit": 2}, "curate": {"min_reward": 2.0},
+        "optimize": {"adapter": f"{TOY}:CountingTrainer", "data": "sft"}, "apply": "none"}])
+    with pytest.raises(TrainError, match=r"nothing left to train on after curation \(\{'below_min_reward': 4\}\)"):
+        TrainLoop(load_plan(nothing), progress=False).run()
+
+
+def test_rollouts_of_another_version_are_excluded(tmp_path: Path, registry_file: Path) -> None:
+    """The served model is not the one the loop applied (another process swapped it): every rollout is
+    stale, is counted, and nothing is trained on."""
+    loop = TrainLoop(load_plan(make_plan(tmp_path, registry_file, validation=None, guard=None)), progress=False)
+    loop.serving.start()
+    loop.serving.version = "policy-e007"  # what the loop believes it applied; the backend serves "scripted"
+    loop.state = {"applied": None, "best": None, "last": None, "stopped": None}
+    with pytest.raises(TrainError, match=r"nothing left to train on after curation \(\{'stale': 6\}\)"):
+        loop._epoch(1, loop.plan.stages[0], "none")
