@@ -36,8 +36,9 @@ demo: install
 		--param 'tool_choice={"type": "function", "name": "get_weather"}' \
 		--output $(DEMO_DIR)/weather.jsonl
 
-# The embedded SmolLM2-135M learns the weather task on CPU: rejection-sampling SFT, then GRPO, with
-# validation on held-out tasks (scripts/train/weather.yaml, docs/trainers.md). Rerunning resumes.
+# The training loop on CPU with the embedded SmolLM2-135M: rejection-sampling SFT, then GRPO, on the weather
+# task, validated on held-out tasks (scripts/train/weather.yaml, docs/trainers.md). Rerunning with the same
+# TRAIN_DIR resumes.
 TRAIN_DIR ?= runs/train-weather-$(shell date +%Y%m%d-%H%M%S)
 
 train-demo: $(VENV)/.installed-trl
