@@ -6,6 +6,8 @@
 `trl_trainers` (SFT, DPO and GRPO on TRL + PEFT), `policy` and `gguf_export` (the model a trainer
 trains and the GGUF it serves), `curation` (rollouts → training records), `plan` (the YAML),
 `serving` (the stack and the apply phase), `loop` (the epochs), `plot`; the command is rollgym.cli.train.
+Async RL: `orchestrator` (bounded-staleness step batches), with `orchestrator_config`, `advantages`,
+`mixing` (task sources, dedupe, env ratios) and `steps` (the step-folder transport).
 Names load on first use: the CLI starts without pydantic, torch or TRL.
 """
 
@@ -16,7 +18,8 @@ _EXPORTS = {
     "Artefact": ".trainers", "RemoteTrainer": ".trainers", "TrainConfig": ".trainers", "Trainer": ".trainers",
     "TrainingFailed": ".trainers", "TrainingJob": ".trainers", "SubprocessJob": ".jobs", "CurateConfig": ".curation",
     "curate": ".curation", "Plan": ".plan", "PlanError": ".plan", "load_plan": ".plan", "TrainLoop": ".loop",
-    "TrainError": ".loop",
+    "TrainError": ".loop", "Orchestrator": ".orchestrator", "OrchestratorError": ".orchestrator",
+    "OrchestratorConfig": ".orchestrator_config", "Batch": ".steps", "StepFolders": ".steps",
 }
 
 

@@ -1,0 +1,93 @@
+"""Group advantages for GRPO-style training: how much better each rollout did than its group.
+
+Built-in kinds (`AdvantageConfig.type`):
+
+- `mean`: `r_i - mean(r)`;
+- `normalized`: `(r_i - mean(r)) / (std(r) + epsilon)` (group-normalised, as in GRPO);
+- `length_weighted`: `r_i - sum(len_j * r_j) / sum(len_j)`: the baseline is the token-weighted mean,
+  so a long rollout moves the baseline more than a short one;
+- `custom`: the function at `import_path` (`package.module:function`), called as
+  `function(rewards, lengths, **kwargs)` and returning one float per rollout.
+
+`lengths` are the completion tokens the policy generated (the model-token count of the rollout's
+`sequences`, else its `metrics.output_tokens`, else 0).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AdvantageFunction = Callable[..., Sequence[float]]
+
+
+class AdvantageConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["mean", "normalized", "length_weighted", "custom"] = "normalized"
+    import_path: str | None = Field(default=None, description="custom only: 'package.module:function'")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="custom only: passed to the function")
+    epsilon: float = Field(default=1e-6, gt=0, description="normalized only: added to the group's std")
+
+    @model_validator(mode="after")
+    def _custom_needs_path(self) -> "AdvantageConfig":
+        if (self.type == "custom") != (self.import_path is not None):
+            raise ValueError("import_path is required with type: custom, and only with it")
+        if self.import_path is not None:
+            load_function(self.import_path)  # fail at config time, not at the first batch
+        return self
+
+
+def load_function(import_path: str) -> AdvantageFunction:
+    """The callable at `package.module:function` (or `package.module.function`)."""
+    module_name, _, attribute = import_path.partition(":") if ":" in import_path else import_path.rpartition(".")
+    if not module_name or not attribute:
+        raise ValueError(f"import_path {import_path!r}: expected 'package.module:function'")
+    try:
+        function = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"import_path {import_path!r}: {exc}") from None
+    if not callable(function):
+        raise ValueError(f"import_path {import_path!r} is not callable")
+    return function
+
+
+def completion_length(rollout: Mapping[str, Any]) -> int:
+    """Tokens the policy generated in a rollout (0 when the rollout says nothing about tokens)."""
+    sequences = rollout.get("sequences")
+    if isinstance(sequences, Mapping) and isinstance(sequences.get("completion_mask"), list):
+        return sum(1 for bit in sequences["completion_mask"] if bit)
+    metrics = rollout.get("metrics")
+    if isinstance(metrics, Mapping):
+        return int(metrics.get("output_tokens") or 0)
+    return 0
+
+
+def group_advantages(rewards: Sequence[float], lengths: Sequence[int], config: AdvantageConfig) -> list[float]:
+    """One advantage per rollout of a group, in order."""
+    if len(rewards) != len(lengths):
+        raise ValueError(f"{len(rewards)} rewards for {len(lengths)} lengths")
+    if not rewards:
+        return []
+    mean = sum(rewards) / len(rewards)
+    if config.type == "mean":
+        return [r - mean for r in rewards]
+    if config.type == "normalized":
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        return [(r - mean) / (std + config.epsilon) for r in rewards]
+    if config.type == "length_weighted":
+        total = sum(lengths)
+        baseline = sum(n * r for n, r in zip(lengths, rewards)) / total if total else mean
+        return [r - baseline for r in rewards]
+    assert config.import_path is not None
+    values = list(load_function(config.import_path)(list(rewards), list(lengths), **config.kwargs))
+    if len(values) != len(rewards) or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        raise ValueError(f"advantage function {config.import_path!r} must return {len(rewards)} finite numbers, "
+                         f"got {values!r}")
+    return [float(v) for v in values]
+
+
+__all__ = ["AdvantageConfig", "completion_length", "group_advantages", "load_function"]

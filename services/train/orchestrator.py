@@ -1,0 +1,636 @@
+"""The streaming orchestrator: rollouts keep coming while the trainer steps, in bounded-stale batches.
+
+    orchestrator = Orchestrator(config, registry, "runs/async")
+    async for batch in orchestrator.batches():            # in-process trainer
+        adapter = train_on(batch)                          # batch.rollouts carry `advantage`
+        await orchestrator.finish_step(batch.step, adapter)  # hot-loads it on every model server
+    await orchestrator.run_step_folders()                  # or: a trainer elsewhere reads ROOT/steps/
+
+**Steps and versions.** The trainer's step `n` (from 1) trains on batch `n` and produces policy
+version `n`; version 0 is the base model. A finished step's adapter is hot-loaded on every model server
+(`POST /v1/load_lora_adapter`) before the version counts as current, and every model_version the
+servers answer with is mapped back to the step it came from.
+
+**Bounded staleness.** A group is dispatched for the step it will most likely land in (its `tag`),
+and only when `tag - 1 - version <= max_async_level`: inference is never more than `max_async_level`
+steps ahead of the trainer (0: fully synchronous). A rollout's `sampled_step` is the oldest version
+among the model_versions of its generated items (the dispatch-time version when the servers report
+none); its lag in batch `n` is `n - 1 - sampled_step`. A group whose lag exceeds
+`max_off_policy_steps` is discarded whole and counted as `stale`.
+
+**Full batches.** A batch is `batch_size` rollouts in whole groups of `rollouts_per_example`, mixed
+across environments by ratio (`mixing.py`). A group that failed (a rollout still failing after its
+retries), is stale, or is too easy or too hard for the difficulty filter is dropped and replaced by a
+fresh one; `oversampling_factor` keeps that many times the missing groups in flight so the batch
+fills without waiting for refills. Failures are written to `failures.jsonl`, never used as rewards.
+
+**Metrics.** Each step's metrics go to `history.jsonl`: rollouts/s, reward mean and spread, dropped
+groups by reason, the staleness histogram of the rollouts used, the time the trainer waited for the
+batch, the time inference waited for the trainer, and how busy the rollout slots were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import statistics
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, Literal, Mapping
+
+import orjson
+
+from ..client import ServerAddress, ServerClient
+from ..rollouts.attempts import FailedAttempt, RetryPolicy, agent_for, build_payload, run_rollout
+from .advantages import completion_length, group_advantages
+from .mixing import EnvMixer, SourceTask, TaskSource, load_sources
+from .orchestrator_config import EnvSection, OrchestratorConfig
+from .steps import Batch, StepFolders
+
+
+class OrchestratorError(RuntimeError):
+    """The orchestrator cannot go on (a batch cannot be filled, a hot-load failed); the message says why."""
+
+
+DropReason = Literal["failed", "stale", "easy", "hard"]
+
+
+@dataclass
+class Group:
+    """One task's `rollouts_per_example` rollouts as they came back."""
+
+    env: str
+    task: SourceTask
+    group_id: str
+    tag: int  # the step it was dispatched for
+    dispatch_version: int
+    rollouts: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)  # per rollout: the policy version that sampled it
+    verdict: DropReason | None = None  # the difficulty filter's
+
+    def rewards(self) -> list[float]:
+        return [float(r["reward"]) for r in self.rollouts]
+
+
+@dataclass
+class _VersionChanged:
+    version: int
+
+
+class Orchestrator:
+    """Forms training batches from a stack's agents and keeps inference within the staleness bounds.
+
+    `registry` names the stack's servers (agents to run tasks, model servers to hot-load); `output`
+    is the run's folder (history.jsonl, failures.jsonl, and steps/ for the step-folder transport).
+    """
+
+    def __init__(self, config: OrchestratorConfig, registry: Mapping[str, ServerAddress], output: str | Path, *,
+                 log: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.registry = dict(registry)
+        self.output = Path(output)
+        self.log = log
+        self.folders = StepFolders(self.output / "steps")
+        envs = [(env.name, Path(env.input), env.limit) for env in config.envs]
+        self.sources, report = load_sources(envs, config.hash_keys, config.seed, config.shuffle)
+        for line in report["skipped"]:
+            log(f"skipped: {line}")
+        self.duplicates: dict[str, int] = report["duplicates"]
+        self.mixer = EnvMixer({env.name: env.ratio for env in config.envs}, config.groups_per_step)
+        self.envs = {env.name: env for env in config.envs}
+        self.agents = {env.name: self._agent(env) for env in config.envs}
+        self.model_servers = self._model_servers()
+        self.policy = RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s,
+                                  budget_s=config.budget_s)
+        self.version = 0
+        self.next_step = 1
+        self.version_steps: dict[str, int] = {}  # model_version -> the step whose adapter it is
+        self.done_at: dict[int, float] = {}  # version -> when it became current
+        self.dispatch_log: deque[tuple[int, int]] = deque(maxlen=100_000)  # (tag, version) per dispatch, for tests
+        self._rng = random.Random(config.seed)
+        self._dispatched = 0
+        self._events: asyncio.Queue[Group | _VersionChanged] | None = None
+        self._in_flight: dict[str, int] = {name: 0 for name in self.envs}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._spare: list[Group] = []
+        self._client: ServerClient | None = None
+        self._slot_client: _SlotClient | None = None
+        self._load_lock = asyncio.Lock()
+        self._busy = _Occupancy()
+        self._failures_file: Any = None
+        self._pending_adapter: str | None = None  # to load again before a resumed run generates
+        self._check_agents()
+
+    # ------------------------------------------------------------------ setup
+
+    def _agent(self, env: EnvSection) -> str | None:
+        """The agent an environment's tasks go to when the row names none (None: rows must name one)."""
+        if env.agent is not None:
+            if env.agent not in self.registry:
+                raise ValueError(f"environment {env.name!r}: agent {env.agent!r} is not in the stack "
+                                 f"(servers: {', '.join(sorted(self.registry)) or 'none'})")
+            return env.agent
+        agents = [name for name, address in self.registry.items() if address.role in ("agents", "")]
+        return agents[0] if len(agents) == 1 else None
+
+    def _check_agents(self) -> None:
+        """Every task must reach an agent of the stack: say which environment and row cannot, before starting."""
+        for name, source in self.sources.items():
+            for task in source.tasks:
+                agent = agent_for(task.row, self.agents[name] or "")
+                if agent not in self.registry:
+                    agents = sorted(n for n, a in self.registry.items() if a.role in ("agents", ""))
+                    raise ValueError(f"environment {name!r}, task {task.group_id}: "
+                                     + (f"agent {agent!r} is not in the stack" if agent else "no agent to run it")
+                                     + f" (agents: {', '.join(agents) or 'none'}); set the environment's agent")
+
+    def _model_servers(self) -> list[str]:
+        names = self.config.model_servers
+        if names is None:
+            return [name for name, address in self.registry.items() if address.role == "models"]
+        unknown = [name for name in names if name not in self.registry]
+        if unknown:
+            known = ", ".join(sorted(self.registry))
+            raise ValueError(f"model_servers {unknown} are not in the stack (servers: {known})")
+        return list(names)
+
+    # ------------------------------------------------------------------ the trainer's calls
+
+    async def finish_step(self, step: int, adapter_path: str | Path | None) -> None:
+        """The trainer finished `step`: apply its adapter (None: no new weights) and let later steps generate.
+
+        Steps finish in order; finishing a step already finished is a no-op.
+        """
+        if step <= self.version:
+            return
+        if step != self.version + 1:
+            raise ValueError(f"step {step} cannot finish before step {self.version + 1}")
+        if step >= self.next_step:
+            raise ValueError(f"step {step} has not been handed to the trainer yet")
+        if adapter_path:
+            await self.hot_load(str(adapter_path), step)
+        self.version = step
+        self.done_at[step] = time.monotonic()
+        if self._events is not None:
+            self._events.put_nowait(_VersionChanged(step))
+
+    async def hot_load(self, adapter_path: str, step: int) -> None:
+        """Load the adapter on every replica of every model server; OrchestratorError if one refuses."""
+        if not self.model_servers:
+            return
+        body = {"lora_name": self.config.adapter_name, "lora_path": adapter_path, "load_inplace": True}
+        async with _open_client(self), self._load_lock:
+            assert self._client is not None
+            for name in self.model_servers:
+                address = self.registry[name]
+                headers = {"Authorization": f"Bearer {address.auth_token}"} if address.auth_token else None
+                for url in address.urls:
+                    reply = await self._client.request("POST", url, "/v1/load_lora_adapter", json=body,
+                                                       headers=headers, timeout_s=600)
+                    if not reply.ok:
+                        raise OrchestratorError(f"step {step}: {name} ({url}) refused adapter {adapter_path}: "
+                                                f"HTTP {reply.status}: {reply.error_message()}")
+                    try:
+                        version = reply.json().get("model_version")
+                    except (ValueError, AttributeError):
+                        version = None  # vLLM answers a plain sentence
+                    if version:
+                        self.version_steps[str(version)] = step
+        self.log(f"step {step}: adapter {adapter_path} loaded on {', '.join(self.model_servers)}")
+
+    async def _learn_base_versions(self) -> None:
+        """The model_version each model server reports for its base weights is version 0."""
+        assert self._client is not None
+        for name in self.model_servers:
+            try:
+                reply = await self._client.get(name, "/v1/models", timeout_s=30)
+                models = reply.json().get("data", []) if reply.ok else []
+            except Exception:  # noqa: BLE001 - a server without the route just reports no base version
+                continue
+            for model in models:
+                if isinstance(model, dict) and not model.get("parent"):
+                    self.version_steps.setdefault(str(model.get("model_version") or model.get("id")), 0)
+
+    # ------------------------------------------------------------------ transports
+
+    async def batches(self) -> AsyncIterator[Batch]:
+        """Batches in step order for a trainer in this process; call `finish_step` after each."""
+        queue: asyncio.Queue[Batch | None] = asyncio.Queue()
+
+        async def publish(batch: Batch) -> None:
+            queue.put_nowait(batch)
+
+        async def produce() -> None:
+            try:
+                await self.run(publish)
+            finally:
+                queue.put_nowait(None)
+
+        producer = asyncio.create_task(produce())
+        try:
+            while (batch := await queue.get()) is not None:
+                yield batch
+            await producer  # re-raises what stopped it
+        finally:
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+
+    async def run_step_folders(self, poll_s: float = 0.1, wait_for_trainer: bool = True) -> None:
+        """Publish every batch as `output/steps/step_N/` and apply the adapters the trainer writes back.
+
+        Resumes a killed run: published steps are kept, half-written ones removed, the last finished
+        step's adapter is loaded again, and tasks continue where the last published step left them.
+        With `wait_for_trainer`, returns once the trainer has finished the last step too.
+        """
+        self._resume()
+
+        async def publish(batch: Batch) -> None:
+            await asyncio.to_thread(self.folders.write, batch)
+
+        async def watch() -> None:
+            while True:
+                step = self.version + 1
+                if step < self.next_step:
+                    adapter = await asyncio.to_thread(self.folders.finished, step)
+                    if adapter is not None:
+                        await self.finish_step(step, adapter or None)
+                        continue
+                await asyncio.sleep(poll_s)
+
+        async with _open_client(self):
+            watcher = asyncio.create_task(watch())
+            try:
+                await self.run(publish)
+                last = self.next_step - 1
+                while wait_for_trainer and self.version < last:
+                    if watcher.done():
+                        watcher.result()
+                    await asyncio.sleep(poll_s)
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+            if watcher.done() and not watcher.cancelled() and watcher.exception():
+                raise watcher.exception()  # type: ignore[misc]
+
+    def _resume(self) -> None:
+        """Continue from the step folders of a previous run of this output folder (if any)."""
+        for removed in self.folders.discard_partial():
+            self.log(f"removed the unfinished step folder {removed}")
+        published = self.folders.published()
+        if not published:
+            return
+        if published != list(range(1, len(published) + 1)):
+            raise OrchestratorError(f"{self.folders.root}: published steps {published} have gaps; cannot resume")
+        last = published[-1]
+        finished = 0
+        while finished < last and self.folders.finished(finished + 1) is not None:
+            finished += 1
+        state = self.folders.meta(last).get("state", {})
+        for name, source_state in state.get("sources", {}).items():
+            if name in self.sources:
+                self.sources[name].restore(source_state)
+        self._dispatched = int(state.get("dispatched", 0))
+        self._rng = random.Random(f"{self.config.seed}:{last}")
+        self.next_step = last + 1
+        self._pending_adapter = next((self.folders.finished(s) for s in range(finished, 0, -1)
+                                      if self.folders.finished(s)), None)
+        self.version = finished
+        self._repair_history(published)
+        self.log(f"resuming: steps 1..{last} published, 1..{finished} finished by the trainer")
+
+    def _repair_history(self, published: list[int]) -> None:
+        """history.jsonl gets one line per published step (a kill may have come between the two writes)."""
+        path = self.output / "history.jsonl"
+        have: dict[int, bytes] = {}
+        if path.exists():
+            for line in path.read_bytes().splitlines():
+                try:
+                    have[int(orjson.loads(line)["step"])] = line
+                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                    continue  # a torn last line
+        lines = [have.get(step) or orjson.dumps(self.folders.meta(step)["metrics"]) for step in published]
+        path.write_bytes(b"".join(line + b"\n" for line in lines))
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self, publish: Callable[[Batch], Awaitable[None]]) -> None:
+        """Form and publish batches until `max_steps` (forever without it)."""
+        async with _open_client(self):
+            self.output.mkdir(parents=True, exist_ok=True)
+            self._events = asyncio.Queue()
+            assert self._client is not None
+            self._slot_client = _SlotClient(self._client, asyncio.Semaphore(self.config.concurrency), self._busy)
+            self.done_at.setdefault(self.version, time.monotonic())
+            await self._learn_base_versions()
+            if self._pending_adapter:
+                await self.hot_load(self._pending_adapter, self.version)
+                self._pending_adapter = None
+            self._busy.start(self.config.concurrency)
+            last_ready = time.monotonic()
+            with (self.output / "failures.jsonl").open("ab") as self._failures_file:
+                try:
+                    while self.config.max_steps is None or self.next_step <= self.config.max_steps:
+                        batch = await self._form(self.next_step, last_ready)
+                        await publish(batch)
+                        last_ready = time.monotonic()
+                        with (self.output / "history.jsonl").open("ab") as history:
+                            history.write(orjson.dumps(batch.metrics) + b"\n")
+                        self.next_step += 1
+                finally:
+                    for task in self._tasks:
+                        task.cancel()
+                    await asyncio.gather(*self._tasks, return_exceptions=True)
+                    self._tasks.clear()
+                    self._in_flight = {name: 0 for name in self.envs}
+                    self._spare.clear()
+
+    async def _form(self, step: int, previous_ready: float) -> Batch:
+        """Fill batch `step` with whole groups, dropping and replacing what cannot be used."""
+        config = self.config
+        assert self._events is not None
+        quotas = self.mixer.quotas(step)
+        accepted: dict[str, list[Group]] = {name: [] for name in quotas}
+        dropped: Counter[str] = Counter()
+        failure_statuses: Counter[str] = Counter()
+        generated = 0
+        inference_wait = 0.0
+        limit = config.max_drops_per_step or 20 * config.groups_per_step
+        spares_placed = False
+        while True:
+            # Batch `step` is formed only once the trainer is within `max_async_level` of it.
+            gate_open = step - 1 - self.version <= config.max_async_level
+            if gate_open and not spares_placed:
+                spare, self._spare, spares_placed = self._spare, [], True
+                for group in spare:
+                    self._place(group, step, quotas, accepted, dropped)
+            if gate_open and all(len(accepted[name]) >= quotas[name] for name in quotas):
+                break
+            blocked = self._dispatch(step, quotas, accepted)
+            started = time.monotonic()
+            event = await self._events.get()
+            if blocked:
+                inference_wait += time.monotonic() - started
+            if isinstance(event, _VersionChanged):
+                continue
+            self._in_flight[event.env] -= 1
+            generated += len(event.rollouts)
+            for failure in event.failures:
+                failure_statuses[failure["status"]] += 1
+            if gate_open:
+                self._place(event, step, quotas, accepted, dropped)
+            else:
+                self._spare.append(event)
+            if sum(dropped.values()) >= limit:
+                raise OrchestratorError(
+                    f"step {step}: {sum(dropped.values())} groups dropped ({_counts(dropped)}) while filling "
+                    f"{config.groups_per_step}; loosen the difficulty filter or max_off_policy_steps, or check the "
+                    f"failures in {self.output / 'failures.jsonl'}")
+        ready = time.monotonic()
+        groups = [group for name in quotas for group in accepted[name]]
+        rollouts = self._annotate(step, groups)
+        metrics = self._metrics(step, rollouts, groups, dropped, failure_statuses, generated, inference_wait,
+                                previous_ready, ready)
+        state = {"sources": {name: source.state() for name, source in self.sources.items()},
+                 "dispatched": self._dispatched}
+        return Batch(step, rollouts, metrics, state)
+
+    def _place(self, group: Group, step: int, quotas: dict[str, int], accepted: dict[str, list[Group]],
+               dropped: Counter[str]) -> None:
+        """Accept a finished group into batch `step`, keep it for the next one, or drop it (counted)."""
+        reason = self._judge(group, step)
+        if reason is not None:
+            dropped[reason] += 1
+        elif len(accepted[group.env]) < quotas.get(group.env, 0):
+            accepted[group.env].append(group)
+        else:
+            self._spare.append(group)  # its environment's share of this step is full: the next step's
+
+    def _judge(self, group: Group, step: int) -> DropReason | None:
+        if group.failures or len(group.rollouts) < self.config.rollouts_per_example:
+            return "failed"
+        if step - 1 - min(group.sampled) > self.config.max_off_policy_steps:
+            return "stale"
+        return group.verdict
+
+    def _difficulty(self, group: Group) -> DropReason | None:
+        """'easy' or 'hard' for a group the difficulty filter drops (decided once, when it comes back)."""
+        difficulty = self.config.difficulty
+        if not difficulty.enabled or group.failures:
+            return None
+        rewards = group.rewards()
+        mean = sum(rewards) / len(rewards)
+        if min(rewards) >= difficulty.reward_max or (
+                difficulty.easy_threshold is not None and mean >= difficulty.easy_threshold):
+            return None if self._rng.random() < difficulty.easy_fraction else "easy"
+        if max(rewards) <= difficulty.reward_min or (
+                difficulty.hard_threshold is not None and mean <= difficulty.hard_threshold):
+            return None if self._rng.random() < difficulty.hard_fraction else "hard"
+        return None
+
+    def _dispatch(self, step: int, quotas: dict[str, int], accepted: dict[str, list[Group]]) -> bool:
+        """Start as many groups as the bounds allow; True when the staleness gate held one back."""
+        config = self.config
+        # One group more than the slots hold: its rollouts take slots as the previous groups free them.
+        max_groups = math.ceil(config.concurrency / config.rollouts_per_example) + 1
+        last = self.version + 1 + config.max_async_level  # the furthest step inference may work for
+        if config.max_steps is not None:
+            last = min(last, config.max_steps)
+        spare = Counter(group.env for group in self._spare)
+        while sum(self._in_flight.values()) < max_groups:
+            choice = None
+            for name in quotas:
+                if self.mixer.weights[name] == 0:
+                    continue
+                tag = self._tag(name, step, last, quotas[name] - len(accepted[name]),
+                                self._in_flight[name] + spare[name])
+                if tag is not None and (choice is None or tag < choice[0]):
+                    choice = (tag, name)
+            if choice is None:
+                # Nothing is wanted up to `last`: held back by the trainer unless the run is complete.
+                return last < (config.max_steps or last + 1) or last < step
+            self._start(choice[1], choice[0])
+        return False
+
+    def _tag(self, env: str, step: int, last: int, missing: int, available: int) -> int | None:
+        """The step a new group of `env` would serve (its groups in flight or kept serve the first ones),
+        or None when none up to step `last` needs one."""
+        factor = self.config.oversampling_factor
+        wanted = 0
+        for later in range(step, last + 1):
+            wanted += math.ceil((max(0, missing) if later == step else self.mixer.quotas(later)[env]) * factor)
+            if wanted > available:
+                return later
+        return None
+
+    def _start(self, env: str, tag: int) -> None:
+        task = self.sources[env].next()
+        self._dispatched += 1
+        group = Group(env, task, f"{task.group_id}-d{self._dispatched}", tag, self.version)
+        self._in_flight[env] += 1
+        self.dispatch_log.append((tag, self.version))
+        job = asyncio.create_task(self._run_group(group))
+        self._tasks.add(job)
+        job.add_done_callback(self._tasks.discard)
+
+    async def _run_group(self, group: Group) -> None:
+        assert self._events is not None
+        env = self.envs[group.env]
+        agent = agent_for(group.task.row, self.agents[group.env] or "")
+        outcomes = await asyncio.gather(*(
+            self._rollout(agent, build_payload(group.task.row, env.params, group.group_id, f"{group.group_id}-r{k}"),
+                          group) for k in range(self.config.rollouts_per_example)))
+        for rollout, failure in outcomes:
+            if rollout is not None:
+                group.rollouts.append(rollout)
+                group.sampled.append(self._sampled_version(rollout, group.dispatch_version))
+            elif failure is not None:
+                group.failures.append(failure.to_json())
+        group.verdict = self._difficulty(group)
+        self._events.put_nowait(group)
+
+    async def _rollout(self, agent: str, payload: dict[str, Any], group: Group
+                       ) -> tuple[dict[str, Any] | None, FailedAttempt | None]:
+        """One rollout under the collector's retry policy, holding a slot only while an attempt runs."""
+        assert self._slot_client is not None
+        return await run_rollout(self._slot_client, agent, payload, self.policy,  # type: ignore[arg-type]
+                                 where={"env": group.env}, on_failure=self._record_failure)
+
+    def _record_failure(self, failed: FailedAttempt) -> None:
+        self._failures_file.write(orjson.dumps(failed.to_json()) + b"\n")
+        self._failures_file.flush()
+
+    def _sampled_version(self, rollout: dict[str, Any], fallback: int) -> int:
+        """The oldest policy version among the model_versions of a rollout's generated items."""
+        versions = model_versions(rollout)
+        steps = [self.version_steps[v] for v in versions if v in self.version_steps]
+        if steps:
+            return min(steps)
+        return fallback
+
+    # ------------------------------------------------------------------ batches and metrics
+
+    def _annotate(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
+        rollouts = []
+        for group in groups:
+            lengths = [completion_length(r) for r in group.rollouts]
+            advantages = group_advantages(group.rewards(), lengths, self.config.advantage)
+            for rollout, advantage, sampled in zip(group.rollouts, advantages, group.sampled):
+                rollout.update(advantage=advantage, step=step, env=group.env, generated_for_step=group.tag,
+                               sampled_step=sampled, policy_lag=step - 1 - sampled)
+                rollouts.append(rollout)
+        return rollouts
+
+    def _metrics(self, step: int, rollouts: list[dict[str, Any]], groups: list[Group], dropped: Counter[str],
+                 failure_statuses: Counter[str], generated: int, inference_wait: float, previous_ready: float,
+                 ready: float) -> dict[str, Any]:
+        rewards = [float(r["reward"]) for r in rollouts]
+        interval = max(ready - previous_ready, 1e-9)
+        trainer_done = self.done_at.get(step - 1)
+        return {
+            "step": step,
+            "time": time.time(),
+            "policy_version": self.version,
+            "rollouts": len(rollouts),
+            "groups": len(groups),
+            "interval_s": round(interval, 4),
+            "rollouts_per_s": round(len(rollouts) / interval, 3),
+            "generated_per_s": round(generated / interval, 3),
+            "reward_mean": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            "reward_min": min(rewards),
+            "reward_max": max(rewards),
+            "dropped": {reason: dropped.get(reason, 0) for reason in ("failed", "stale", "easy", "hard")},
+            "failures": dict(sorted(failure_statuses.items())),
+            "staleness": {str(lag): count for lag, count in sorted(Counter(r["policy_lag"] for r in rollouts).items())},
+            "envs": dict(Counter(group.env for group in groups)),
+            "trainer_wait_s": round(max(0.0, ready - trainer_done), 4) if trainer_done is not None else 0.0,
+            "inference_wait_s": round(inference_wait, 4),
+            "slots_busy": round(self._busy.take(), 4),
+        }
+
+
+def model_versions(rollout: Mapping[str, Any]) -> set[str]:
+    """Every model_version a rollout's response and generated items carry."""
+    versions: set[str] = set()
+    response = rollout.get("response")
+    if isinstance(response, Mapping):
+        if response.get("model_version"):
+            versions.add(str(response["model_version"]))
+        for item in response.get("output") or []:
+            if isinstance(item, Mapping) and item.get("model_version"):
+                versions.add(str(item["model_version"]))
+    return versions
+
+
+class _Occupancy:
+    """Time-weighted mean of the rollout slots in use, as a fraction of all slots, per interval."""
+
+    def __init__(self) -> None:
+        self.slots = 1
+        self.in_use = 0
+        self.area = 0.0
+        self.since = self.last = time.monotonic()
+
+    def start(self, slots: int) -> None:
+        self.slots, self.area = slots, 0.0
+        self.since = self.last = time.monotonic()
+
+    def change(self, delta: int) -> None:
+        now = time.monotonic()
+        self.area += self.in_use * (now - self.last)
+        self.in_use, self.last = self.in_use + delta, now
+
+    def take(self) -> float:
+        """The mean occupancy since the last take."""
+        self.change(0)
+        elapsed = self.last - self.since
+        value = self.area / (elapsed * self.slots) if elapsed > 0 else 0.0
+        self.area, self.since = 0.0, self.last
+        return value
+
+
+class _SlotClient:
+    """The client rollouts go through: a slot is held per attempt (not while a rollout backs off), and
+    the time slots are in use is measured."""
+
+    def __init__(self, client: ServerClient, slots: asyncio.Semaphore, busy: _Occupancy) -> None:
+        self.client, self.slots, self.busy = client, slots, busy
+
+    async def post(self, *args: Any, **kwargs: Any) -> Any:
+        async with self.slots:
+            self.busy.change(+1)
+            try:
+                return await self.client.post(*args, **kwargs)
+            finally:
+                self.busy.change(-1)
+
+
+class _open_client:
+    """The orchestrator's HTTP client and locks for the duration of a run (nested uses share one)."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orchestrator = orchestrator
+        self.owner = False
+
+    async def __aenter__(self) -> None:
+        orchestrator = self.orchestrator
+        if orchestrator._client is None:
+            self.owner = True
+            orchestrator._client = ServerClient(orchestrator.registry, timeout_s=orchestrator.config.timeout_s,
+                                                max_retries=2)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self.owner and self.orchestrator._client is not None:
+            await self.orchestrator._client.close()
+            self.orchestrator._client = None
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in counter.most_common()) or "none"
+
+
+__all__ = ["Batch", "Orchestrator", "OrchestratorError", "model_versions"]

@@ -1,0 +1,81 @@
+"""The orchestrator's pure parts: group advantages, the environment mixer, task dedupe and order."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollgym.train.advantages import AdvantageConfig, completion_length, group_advantages
+from rollgym.train.mixing import EnvMixer, SourceTask, TaskSource, task_hash
+
+
+def scaled_by_length(rewards, lengths, scale=1.0):
+    """A custom advantage function for the import-path test."""
+    return [scale * r * n for r, n in zip(rewards, lengths)]
+
+
+def one_value(rewards, lengths):
+    return [0.0]
+
+
+def test_group_advantages():
+    rewards, lengths = [1.0, 0.0, 0.0, 1.0], [10, 30, 30, 10]
+    assert group_advantages(rewards, lengths, AdvantageConfig(type="mean")) == [0.5, -0.5, -0.5, 0.5]
+    normalized = group_advantages(rewards, lengths, AdvantageConfig(type="normalized"))
+    assert normalized == pytest.approx([1.0, -1.0, -1.0, 1.0], abs=1e-5)
+    # The token-weighted baseline is 20/80 = 0.25: short right answers gain more than with the plain mean.
+    assert group_advantages(rewards, lengths, AdvantageConfig(type="length_weighted")) == [0.75, -0.25, -0.25, 0.75]
+    assert group_advantages([0.5, 0.5], [1, 1], AdvantageConfig()) == [0.0, 0.0]
+    custom = AdvantageConfig(type="custom", import_path=f"{__name__}:scaled_by_length", kwargs={"scale": 2.0})
+    assert group_advantages([1.0, 0.5], [3, 4], custom) == [6.0, 4.0]
+
+
+def test_advantage_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="import_path is required with type: custom"):
+        AdvantageConfig(type="custom")
+    with pytest.raises(ValueError, match="No module named 'no_such_module'"):
+        AdvantageConfig(type="custom", import_path="no_such_module:f")
+    bad = AdvantageConfig(type="custom", import_path=f"{__name__}:one_value")
+    with pytest.raises(ValueError, match="must return 2 finite numbers, got \\[0.0\\]"):
+        group_advantages([1.0, 0.0], [1, 1], bad)
+
+
+def test_completion_length_prefers_the_token_mask():
+    assert completion_length({"sequences": {"completion_mask": [1, 1, 0, 1]}, "metrics": {"output_tokens": 9}}) == 3
+    assert completion_length({"metrics": {"output_tokens": 9}}) == 9
+    assert completion_length({}) == 0
+
+
+def test_env_ratios_hold_per_step_and_drift_less_than_one_group():
+    ratios = {"math": 0.7, "code": 0.2, "weather": 0.1}
+    mixer = EnvMixer(ratios, groups_per_step=4)
+    totals = {name: 0 for name in ratios}
+    worst = 0.0
+    for step in range(1, 201):
+        quota = mixer.quotas(step)
+        assert sum(quota.values()) == 4
+        for name, count in quota.items():
+            totals[name] += count
+            worst = max(worst, abs(totals[name] - ratios[name] * 4 * step))
+    assert worst < 1.0  # bounded drift at every step boundary
+    assert {name: totals[name] / 800 for name in totals} == pytest.approx(ratios)  # converges exactly
+    assert mixer.quotas(7) == EnvMixer(ratios, 4).quotas(7)  # deterministic: a resumed run deals the same
+    with pytest.raises(ValueError, match="not all zero"):
+        EnvMixer({"a": 0.0}, 4)
+
+
+def test_dedupe_keys_and_task_order():
+    a = {"responses_create_params": {"input": "hi"}, "id": 1}
+    b = {"responses_create_params": {"input": "hi"}, "id": 2}
+    keys = ["responses_create_params.input"]
+    assert task_hash(a, keys) == task_hash(b, keys)
+    assert task_hash(a, ["id"]) != task_hash(b, ["id"])
+    assert task_hash(a, ["missing"]) != task_hash(b, ["missing"])  # no key at all: the whole row counts
+    tasks = [SourceTask("e", f"g{i}", {"i": i}) for i in range(5)]
+    source = TaskSource("e", tasks, seed=1)
+    first_epoch = [source.next().group_id for _ in range(5)]
+    assert sorted(first_epoch) == [f"g{i}" for i in range(5)]  # every task once per epoch
+    source.next()
+    state = source.state()
+    resumed = TaskSource("e", tasks, seed=1)
+    resumed.restore(state)
+    assert [resumed.next().group_id for _ in range(7)] == [source.next().group_id for _ in range(7)]
