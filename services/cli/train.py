@@ -34,7 +34,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan, overrides)
     except PlanError as exc:
         raise UsageError(str(exc)) from None
-    loop = TrainLoop(plan, progress=not args.no_progress)
+    if plan.mode == "async":
+        from ..train.async_loop import AsyncTrainLoop
+
+        loop = AsyncTrainLoop(plan, progress=not args.no_progress)
+    else:
+        loop = TrainLoop(plan, progress=not args.no_progress)
     try:
         state = loop.run()
     except TrainError as exc:
@@ -48,7 +53,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             figures.append(f"train reward {train['mean_reward']:.3f}")
         if validation.get("mean_reward") is not None:
             figures.append(f"validation reward {validation['mean_reward']:.3f}")
-        print(f"epoch {line['epoch']:>2}  {line.get('stage') or 'base':<10} {line.get('model_version') or '-':<14} "
+        unit = "step" if "step" in line else "epoch"
+        print(f"{unit} {line['epoch']:>2}  {line.get('stage') or 'base':<10} {line.get('model_version') or '-':<14} "
               + ", ".join(figures))
     print(f"history: {loop.history_path}  plot: {loop.output / 'reward.png'}")
     if state.get("stopped"):

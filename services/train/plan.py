@@ -23,6 +23,10 @@
         ...
     guard: {max_drop: 0.1, on_violation: stop}
 
+With `mode: async` the plan names an `orchestrator` section (batch_size, rollouts_per_example,
+max_steps, max_async_level, max_off_policy_steps, envs with ratios, difficulty, advantage) and one
+`optimize` section instead of stages; `validation.every` then counts steps (scripts/train/async.yaml).
+
 Relative paths are relative to the current directory, as on the command line.
 """
 
@@ -36,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..errors import format_location
 from .curation import CurateConfig
+from .orchestrator_config import OrchestratorConfig
 from .trainers import BUILTIN, DATA_KIND
 
 
@@ -117,11 +122,20 @@ class Plan(_Strict):
     serve_dtype: Literal["f16", "f32"] = Field(default="f16", description="GGUF precision of apply: merged")
     stack: StackSection
     validation: ValidationSection | None = None
-    stages: list[StageSection] = Field(min_length=1)
+    mode: Literal["epochs", "async"] = Field(
+        default="epochs", description="epochs: collect then train, stage by stage; async: the orchestrator streams "
+                                      "step batches while the trainer steps (docs/trainers.md)")
+    stages: list[StageSection] = Field(default_factory=list, description="mode: epochs")
+    orchestrator: OrchestratorConfig | None = Field(default=None, description="mode: async")
+    optimize: OptimizeSection | None = Field(default=None, description="mode: async: the trainer of every step")
     guard: GuardSection | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
+        if self.mode == "epochs" and (not self.stages or self.orchestrator or self.optimize):
+            raise ValueError("mode: epochs runs stages (at least one), without orchestrator or optimize")
+        if self.mode == "async" and (self.stages or not self.orchestrator or not self.optimize or self.guard):
+            raise ValueError("mode: async needs orchestrator and optimize, and takes no stages or guard")
         names = [stage.name for stage in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be distinct: {names}")

@@ -1,0 +1,135 @@
+"""`rollgym train` with `mode: async`: the orchestrator streams step batches while the trainer steps.
+
+    OUTPUT/plan.json                 the validated plan
+    OUTPUT/history.jsonl             step 0: the base model's validation; then one line per trained step:
+                                     the orchestrator's step metrics, the trainer's, the validation's
+    OUTPUT/reward.png, steps.png     rewards per step; staleness, waits and dropped groups per step
+    OUTPUT/orchestrator/             the orchestrator's history.jsonl and failures.jsonl
+    OUTPUT/step-NNN/                 curated.jsonl (the batch as training records), train/ (adapter, log),
+                                     validation.jsonl
+
+Each batch (whole groups from `orchestrator`) is curated to what the plan's `optimize` adapter trains
+on (GRPO groups for `trl_grpo`) and trained on by it in a child process, starting from the previous
+step's LoRA; its adapter is then hot-loaded on the stack's model servers (the orchestrator's
+`finish_step`) before generation for later steps goes on. Meanwhile the orchestrator keeps generating up to `max_async_level` steps ahead.
+An async run is not resumable yet: a killed run starts again from the base model in a new output folder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .curation import CurateConfig, CurationError, curate
+from .jobs import SubprocessJob
+from .loop import TrainError, TrainLoop
+from .orchestrator import Orchestrator, OrchestratorError
+from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
+
+
+class AsyncTrainLoop(TrainLoop):
+    """The plan's `orchestrator` and `optimize` sections, run as one asynchronous RL loop."""
+
+    def run(self) -> dict[str, Any]:
+        plan = self.plan
+        assert plan.orchestrator is not None and plan.optimize is not None
+        if self.output.exists() and any(self.output.iterdir()):
+            raise TrainError(f"{self.output} is not empty: an async run starts in a new output folder")
+        self.output.mkdir(parents=True, exist_ok=True)
+        (self.output / "serving").mkdir()
+        (self.output / "plan.json").write_bytes(orjson.dumps(plan.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
+        self.state = {"applied": None, "best": None, "last": None, "stopped": None}
+        started = time.perf_counter()
+        self.serving.serve_base("lora", plan.base_model)
+        self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
+        try:
+            if plan.validation is not None:
+                folder = self.output / "step-000"
+                folder.mkdir()
+                self._append_history({"epoch": 0, "step": 0, "stage": "async", "model_version": None,
+                                      "validation": self._validate(0, folder)})
+            orchestrator = Orchestrator(plan.orchestrator, self.serving.registry, self.output / "orchestrator",
+                                        log=self.log)
+            try:
+                asyncio.run(self._steps(orchestrator))
+            except OrchestratorError as exc:
+                raise TrainError(f"orchestrator: {exc}") from None
+        finally:
+            self.serving.stop()
+        return self.state
+
+    async def _steps(self, orchestrator: Orchestrator) -> None:
+        previous: Artefact | None = None
+        async for batch in orchestrator.batches():
+            folder = self.output / f"step-{batch.step:03d}"
+            folder.mkdir()
+            line: dict[str, Any] = {"epoch": batch.step, "step": batch.step, "stage": "async",
+                                    "orchestrator": batch.metrics,
+                                    "train": {"mean_reward": batch.metrics["reward_mean"],
+                                              "rollouts": batch.metrics["rollouts"]}}
+            curated = self._curate(batch.rollouts, folder)
+            if curated:
+                started = time.perf_counter()
+                artefact = await asyncio.to_thread(self._train_step, batch.step, folder, previous)
+                line["train"].update(artefact.metrics, optimize_s=round(time.perf_counter() - started, 3))
+                await orchestrator.finish_step(batch.step, artefact.uri)
+                previous = artefact
+                self.state["applied"] = self.state["last"] = artefact.model_dump()
+                self.serving.version = next((v for v, s in orchestrator.version_steps.items() if s == batch.step),
+                                            None)
+            else:  # e.g. no group with a reward spread for GRPO: nothing to learn, the served weights stay
+                await orchestrator.finish_step(batch.step, None)
+                line["train"]["skipped"] = "nothing to train on after curation"
+            line["model_version"] = self.serving.version
+            line["artefact"] = previous.uri if previous else None
+            validation = self.plan.validation
+            if validation is not None and batch.step % validation.every == 0:
+                line["validation"] = await asyncio.to_thread(self._validate, batch.step, folder)
+            self._save_state()
+            self._append_history(line)
+            self._plot_steps()
+
+    def _curate(self, rollouts: list[dict[str, Any]], folder: Path) -> int:
+        """The batch as the optimize adapter's records (GRPO groups for trl_grpo) in curated.jsonl;
+        how many records there are to train on."""
+        assert self.plan.orchestrator is not None and self.plan.optimize is not None
+        try:
+            curated = curate(rollouts, self.plan.optimize.data or "groups", CurateConfig(),
+                             group_size=self.plan.orchestrator.rollouts_per_example, stage=folder.name)
+        except CurationError as exc:
+            raise TrainError(str(exc)) from None
+        with (folder / "curated.jsonl").open("wb") as handle:
+            for record in curated.records:
+                handle.write(orjson.dumps(record) + b"\n")
+        return len(curated.records)
+
+    def _train_step(self, step: int, folder: Path, previous: Artefact | None) -> Artefact:
+        optimize = self.plan.optimize
+        assert optimize is not None
+        config = TrainConfig(base_model=self.plan.base_model, output_dir=str(folder / "train"),
+                             version=f"policy-s{step:03d}", init_adapter=previous.uri if previous else None,
+                             seed=self.plan.seed + step, args=optimize.args)
+        try:
+            instance = None if ":" not in optimize.adapter else load_adapter(optimize.adapter)
+            if isinstance(instance, RemoteTrainer):
+                job = instance.submit(folder / "curated.jsonl", config)
+            else:
+                job = SubprocessJob.start(optimize.adapter, folder / "curated.jsonl", config)
+            return job.wait()
+        except (TrainingFailed, ValueError) as exc:
+            raise TrainError(f"step {step} optimize with {optimize.adapter}: {exc}") from None
+
+    def _plot_steps(self) -> None:
+        try:
+            from .step_plot import plot_steps
+
+            plot_steps([line for line in self.history() if line.get("orchestrator")], self.output / "steps.png")
+        except Exception as exc:  # noqa: BLE001 - a plot must never stop training
+            self.log(f"steps.png not drawn: {type(exc).__name__}: {exc}")
+
+
+__all__ = ["AsyncTrainLoop"]
