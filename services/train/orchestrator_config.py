@@ -7,10 +7,12 @@ an `advantage` and a `difficulty` section.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..errors import format_location
 from .advantages import AdvantageConfig
 
 
@@ -85,4 +87,27 @@ class OrchestratorConfig(_Strict):
         return self.batch_size // self.rollouts_per_example
 
 
-__all__ = ["DifficultySection", "EnvSection", "OrchestratorConfig"]
+def load_orchestrator_config(path: str | Path) -> OrchestratorConfig:
+    """An orchestrator config from YAML (or JSON); ValueError naming the file and the key at fault."""
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such orchestrator config") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an orchestrator config is a mapping (batch_size, rollouts_per_example, envs, ...)")
+    try:
+        return OrchestratorConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError("\n".join(
+            f"{path}: key '{format_location(error['loc']) if error['loc'] else '(top level)'}': "
+            f"{error['msg'].removeprefix('Value error, ')}" for error in exc.errors())) from None
+
+
+__all__ = ["DifficultySection", "EnvSection", "OrchestratorConfig", "load_orchestrator_config"]

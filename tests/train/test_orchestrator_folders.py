@@ -20,16 +20,6 @@ from rollgym.client import ServerAddress
 from rollgym.train.steps import MARKER, Batch, StepFolders
 from tests.train.orchestrator_support import medium_rows, scripted_stack, write_rows
 
-RUNNER = """
-import asyncio, sys
-import orjson
-from rollgym.client import registry_from_json
-from rollgym.train.orchestrator import Orchestrator
-from rollgym.train.orchestrator_config import OrchestratorConfig
-config = OrchestratorConfig.model_validate_json(open(sys.argv[1]).read())
-registry = registry_from_json(orjson.loads(open(sys.argv[2], "rb").read()))
-asyncio.run(Orchestrator(config, registry, sys.argv[3]).run_step_folders(poll_s=0.02))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +77,9 @@ def test_killed_orchestrator_resumes_without_losing_or_repeating_a_batch(stack, 
     folders = StepFolders(output / "steps")
 
     def start() -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path / "config.json"),
-                                 str(tmp_path / "registry.json"), str(output)],
+        return subprocess.Popen([sys.executable, "-m", "rollgym.cli", "orchestrate", str(tmp_path / "config.json"),
+                                 "--registry-file", str(tmp_path / "registry.json"), "--output", str(output),
+                                 "--poll-s", "0.02"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -128,3 +119,21 @@ def test_killed_orchestrator_resumes_without_losing_or_repeating_a_batch(stack, 
     history = [orjson.loads(line) for line in (output / "history.jsonl").read_bytes().splitlines()]
     assert [line["step"] for line in history] == [1, 2, 3, 4, 5, 6]
     assert all((folders.path(step) / MARKER).exists() for step in range(1, 7))
+
+
+def test_orchestrate_command_says_what_is_wrong(stack, tmp_path):
+    (tmp_path / "registry.json").write_bytes(orjson.dumps({n: a.to_json() for n, a in stack.items()}))
+    (tmp_path / "bad.yaml").write_text("batch_size: 6\nrollouts_per_example: 4\nenvs: [{name: r, input: t.jsonl}]\n")
+
+    def orchestrate(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rollgym.cli", "orchestrate", *args, "--output",
+                               str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+
+    bad = orchestrate(str(tmp_path / "bad.yaml"), "--registry-file", str(tmp_path / "registry.json"))
+    assert bad.returncode == 2 and "bad.yaml: key '(top level)': batch_size (6) must be a multiple" in bad.stderr
+    missing = orchestrate(str(tmp_path / "bad.yaml"), "--registry-file", str(tmp_path / "nope.json"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    (tmp_path / "good.yaml").write_text(f"batch_size: 4\nrollouts_per_example: 2\nenvs: [{{name: r, input: "
+                                        f"{write_rows(tmp_path / 't.jsonl', medium_rows(2))}, agent: nobody}}]\n")
+    unknown = orchestrate(str(tmp_path / "good.yaml"), "--registry-file", str(tmp_path / "registry.json"))
+    assert unknown.returncode == 2 and "agent 'nobody' is not in the stack" in unknown.stderr
