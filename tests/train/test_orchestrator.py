@@ -228,3 +228,21 @@ def test_hot_loaded_versions_bound_what_each_step_is_sampled_from(stack, tmp_pat
             assert 0 <= rollout["policy_lag"] <= 1
             sampled.append(rollout["sampled_step"])
     assert max(sampled) >= 3  # the policy moved on while the run went on
+
+
+def test_steps_finish_in_order_and_only_once_handed_out(stack, tmp_path):
+    orchestrator = Orchestrator(config(tmp_path, max_steps=2), stack, tmp_path / "out", log=lambda _: None)
+
+    async def trainer() -> None:
+        async for batch in orchestrator.batches():
+            if batch.step == 1:
+                with pytest.raises(ValueError, match="step 2 cannot finish before step 1"):
+                    await orchestrator.finish_step(2, None)
+            await orchestrator.finish_step(batch.step, None)
+            await orchestrator.finish_step(batch.step, None)  # again: a no-op
+
+    asyncio.run(trainer())
+    assert orchestrator.version == 2
+    fresh = Orchestrator(config(tmp_path, max_steps=2), stack, tmp_path / "fresh", log=lambda _: None)
+    with pytest.raises(ValueError, match="step 1 has not been handed to the trainer yet"):
+        asyncio.run(fresh.finish_step(1, None))
