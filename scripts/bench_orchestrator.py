@@ -27,7 +27,6 @@ import asyncio
 import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,10 +36,12 @@ from typing import Any
 import orjson
 import psutil
 
+# The same scripted-backend subprocess as the collection benchmark (this folder is on sys.path).
+from bench_rollouts import Backend
+
 REPO = Path(__file__).resolve().parents[1]
 WEATHER_YAML = REPO / "resources_servers/weather/configs/weather.yaml"
 CHAT_YAML = REPO / "models/chat_completions/configs/chat_completions.yaml"
-BACKEND = REPO / "scripts/scripted_backend.py"
 CITIES = [("Paris", ["sunny", "22"]), ("London", ["rainy", "14"]), ("Tokyo", ["cloudy"]), ("Oslo", ["snowy", "-3"])]
 TOOL = {"type": "function", "name": "get_weather", "description": "Get the current weather for a city.",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -74,29 +75,6 @@ def cpu_s(pids: list[int]) -> float:
 def own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-class Backend:
-    def __init__(self, latency_ms: float) -> None:
-        self.dir = tempfile.TemporaryDirectory(prefix="bench-backend-")
-        port_file = Path(self.dir.name) / "port"
-        self.process = subprocess.Popen(
-            [sys.executable, str(BACKEND), "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-             "--latency-ms", str(latency_ms)], stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the scripted backend did not start")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{int(port_file.read_text())}/v1"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-        self.dir.cleanup()
 
 
 async def run_plain(registry: dict, tasks: Path, groups: int, args: argparse.Namespace, workdir: Path) -> dict:
