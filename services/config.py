@@ -279,3 +279,20 @@ def split_configs(items: list[str]) -> tuple[list[str], list[str]]:
         else:
             files.append(item)
     return files, overrides
+
+
+def import_target(target: str) -> Any:
+    """The object a config names as `package.module:attribute` (dots allowed after the colon), which must
+    be callable. Raises ValueError naming the target when it cannot be imported or is not callable."""
+    import importlib
+
+    module_name, _, attribute = target.partition(":")
+    try:
+        value: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(f"cannot import {target!r}: {exc}") from None
+    if not callable(value):
+        raise ValueError(f"{target!r} is not callable")
+    return value

@@ -13,7 +13,6 @@ raises `AgentFailure` with its cause (a command's stderr tail), never an answer.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import os
@@ -24,6 +23,8 @@ from typing import Any, Awaitable, Callable, Literal
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
+
+from rollgym.config import import_target
 
 STDERR_TAIL_BYTES = 2000
 
@@ -193,16 +194,7 @@ class CallableRunner(BaseModel):
     target: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="package.module:function")
 
     def resolve(self) -> Callable[..., Any]:
-        module_name, _, attribute = self.target.partition(":")
-        try:
-            value: Any = importlib.import_module(module_name)
-            for part in attribute.split("."):
-                value = getattr(value, part)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import {self.target!r}: {exc}") from None
-        if not callable(value):
-            raise ValueError(f"{self.target!r} is not callable")
-        return value
+        return import_target(self.target)
 
     async def run(self, task: dict[str, Any], endpoint: Endpoint, timeout_s: float) -> Outcome:
         function = self.resolve()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import inspect
 import json
 import sys
@@ -24,6 +23,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, Field, model_validator
 
 from rollgym import ResourcesServer, RunRequest, Verdict
+from rollgym.config import import_target
 from rollgym.resources import RESERVED_ROUTES, ResourcesServerConfig, ToolSpec
 from rollgym.server import BadRequest, JSONBytesResponse, ServerStartError, SessionId, read_json
 
@@ -190,13 +190,7 @@ class McpEnvironment(ResourcesServer):
 
 
 def _resolve(target: str) -> Callable[..., Any]:
-    module_name, _, attribute = target.partition(":")
     try:
-        value: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            value = getattr(value, part)
-    except (ImportError, AttributeError) as exc:
-        raise ServerStartError(f"verify: cannot import {target!r}: {exc}") from None
-    if not callable(value):
-        raise ServerStartError(f"verify: {target!r} is not callable")
-    return value
+        return import_target(target)
+    except ValueError as exc:
+        raise ServerStartError(f"verify: {exc}") from None
