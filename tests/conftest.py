@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
 import pytest
@@ -23,12 +23,13 @@ def simple_agent(name: str, env: str, model_url: str, env_url: str) -> SimpleAge
     )
 
 
-@pytest.fixture(scope="module")
-def scripted_agents() -> Iterator[dict[str, ServerAddress]]:
-    """A real in-process stack: the scripted backend (with token ids) behind chat_completions, and
-    two agents, `reverse_text_agent` and `weather_agent`; yields its registry."""
+@contextmanager
+def scripted_stack(*backend_flags: str) -> Iterator[dict[str, ServerAddress]]:
+    """A real in-process stack: the scripted backend (with token ids; `backend_flags` add e.g.
+    `--latency-ms`) behind chat_completions, and two agents, `reverse_text_agent` and
+    `weather_agent`; yields its registry."""
     with ExitStack() as stack:
-        backend = stack.enter_context(scripted_backend("--token-info"))
+        backend = stack.enter_context(scripted_backend("--token-info", *backend_flags))
         model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
                                      name="policy_model")
         model_url = stack.enter_context(serve_in_thread(model))
@@ -41,3 +42,10 @@ def scripted_agents() -> Iterator[dict[str, ServerAddress]]:
             "weather_agent": ServerAddress(stack.enter_context(serve_in_thread(
                 simple_agent("weather_agent", "weather", model_url, weather_url))), "agents"),
         }
+
+
+@pytest.fixture(scope="module")
+def scripted_agents() -> Iterator[dict[str, ServerAddress]]:
+    """`scripted_stack()`, shared by a module's tests (none of which loads an adapter into it)."""
+    with scripted_stack() as registry:
+        yield registry

@@ -2,9 +2,10 @@
 
 The base GGUF is the template: its metadata (tokenizer, chat template, hyper-parameters) is copied,
 every tensor is dequantized with the `gguf` package (the same numbers transformers trains on), and
-each LoRA delta (scale · B·A, from PEFT) is added to the tensor it adapts. The result is F16 or F32:
-serving it means the sampling logprobs are those of the trainer's own weights, up to F16 rounding
-(docs/trainers.md, "The importance ratio on CPU").
+each LoRA delta (scale · B·A, from PEFT) is added to the tensor it adapts. The result is F32, F16 or
+Q8_0: serving it means the sampling logprobs are those of the trainer's own weights, up to that
+rounding (docs/trainers.md, "The importance ratio on CPU"). Q8_0 is the fastest of the three on a
+CPU (llama.cpp reads half the bytes of F16 per token) and still close to the trainer's numbers.
 
 llama.cpp stores the q and k projections of LLaMA models with their rows permuted for its RoPE
 layout (llama.cpp's convert_hf_to_gguf.py does it; transformers undoes it when it loads a GGUF), so
@@ -18,6 +19,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+
+
+# serve_dtype -> the file type the GGUF declares.
+FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0"}
 
 
 def permute_rows(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
@@ -50,11 +55,12 @@ def _field(reader: Any, key: str) -> Any:
 
 def write_merged_gguf(template: str | os.PathLike[str], deltas: Mapping[str, np.ndarray],
                       output: str | os.PathLike[str], dtype: str = "f16") -> Path:
-    """Write `template`'s weights plus `deltas` to `output` as an F16 (2-D tensors) or F32 GGUF."""
+    """Write `template`'s weights plus `deltas` to `output` as an F32, F16 or Q8_0 GGUF (the 2-D
+    tensors; 1-D ones, the norms, stay F32 as llama.cpp's converter writes them)."""
     import gguf
 
-    if dtype not in ("f16", "f32"):
-        raise ValueError(f"dtype must be 'f16' or 'f32', got {dtype!r}")
+    if dtype not in FILE_TYPES:
+        raise ValueError(f"dtype must be one of {', '.join(FILE_TYPES)}, got {dtype!r}")
     reader = gguf.GGUFReader(str(template))
     arch = _field(reader, gguf.Keys.General.ARCHITECTURE)
     if arch != "llama":
@@ -78,7 +84,7 @@ def write_merged_gguf(template: str | os.PathLike[str], deltas: Mapping[str, np.
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + f".tmp{os.getpid()}")
     writer = gguf.GGUFWriter(str(partial), arch)
-    file_type = gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
+    file_type = getattr(gguf.LlamaFileType, FILE_TYPES[dtype])
     for field in reader.fields.values():
         if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or field.name.startswith("GGUF."):
             continue
@@ -95,8 +101,11 @@ def write_merged_gguf(template: str | os.PathLike[str], deltas: Mapping[str, np.
                 raise ValueError(f"{tensor.name}: LoRA delta {delta.shape} does not fit the tensor {weights.shape}")
             weights = weights + delta
             used.add(tensor.name)
-        # 1-D tensors (norms) stay F32, as llama.cpp's converter writes them.
-        if dtype == "f16" and weights.ndim > 1:
+        if dtype == "q8_0" and weights.ndim > 1 and weights.shape[-1] % 32 == 0:
+            quantized = gguf.quants.quantize(np.ascontiguousarray(weights), gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(tensor.name, quantized, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            continue
+        if dtype != "f32" and weights.ndim > 1:
             weights = weights.astype(np.float16)
         writer.add_tensor(tensor.name, np.ascontiguousarray(weights))
     missing = sorted(set(by_tensor) - used)

@@ -119,7 +119,7 @@ class Plan(_Strict):
     base_model: str = "bundled"
     output: str
     seed: int = 0
-    serve_dtype: Literal["f16", "f32"] = Field(default="f16", description="GGUF precision of apply: merged")
+    serve_dtype: Literal["f16", "f32", "q8_0"] = Field(default="f16", description="GGUF precision of apply: merged")
     stack: StackSection
     validation: ValidationSection | None = None
     mode: Literal["epochs", "async"] = Field(

@@ -1,8 +1,10 @@
 """The stack the loop collects through, and the apply phase: getting an artefact into its policy model.
 
 - `lora`: vLLM's runtime route, which every rollgym model server offers too:
-  `POST /v1/load_lora_adapter {"lora_name": version, "lora_path": artefact.uri}`; requests then select
-  it with `model: version`, and the rollouts report it as their `model_version`.
+  `POST /v1/load_lora_adapter {"lora_name": version, "lora_path": artefact.uri}` on every replica of
+  the policy model; requests then select it with `model: version`. The exact `model_version` the
+  replicas report for it (`name@N`, from `GET /v1/models`) is what every rollout must carry, so a
+  rollout sampled before a reload of the same name is stale too.
 - `merged`: the embedded llama.cpp model serves the merged weights as an unquantized GGUF (written by
   the trainer, `gguf_export.py`); applying restarts the stack's servers on that file. Its model name,
   the file's stem, is the version the rollouts report. The base model is served the same way (an F16
@@ -19,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from ..client import ServerClient, registry_from_json
+from ..adapters import publish
+from ..client import registry_from_json
 from ..config import load_stack
 from ..stack.launcher import Stack
 from .plan import Plan
@@ -67,13 +70,18 @@ class Serving:
             self.stack = None
 
     def request_params(self) -> dict[str, Any]:
-        """What every collection request adds: the adapter's name when one is hot-loaded."""
-        return {"model": self.version} if self.version in self.lora_loaded else {}
+        """What every collection request adds: the served model's name, which selects a hot-loaded
+        adapter, or the base weights once adapters are loaded (a server answers a request for no
+        known model with its latest adapter)."""
+        name = (self.version or "").rsplit("@", 1)[0]
+        return {"model": name} if name else {}
 
     def serve_base(self, mode: str, base_model: str) -> None:
         """Start serving the base model; for `merged`, as an unquantized copy named policy-base."""
         if mode != "merged":
             self.start()
+            if mode == "lora":
+                self.version = asyncio.run(self._listed_version(None))
             return
         from .gguf_export import write_merged_gguf
         from .policy import gguf_of
@@ -103,24 +111,31 @@ class Serving:
                 self.start(str(path))
             self.version = Path(path).stem
         elif artefact is None:
-            self.version = None  # the base model, by its own name
+            self.version = asyncio.run(self._listed_version(None))  # the base model, by its own name
         else:
-            if artefact.version not in self.lora_loaded:
-                asyncio.run(self._load_lora(artefact))
-                self.lora_loaded.add(artefact.version)
-            self.version = artefact.version
+            self.version = asyncio.run(self._load_lora(artefact))
+            self.lora_loaded.add(artefact.version)
         return time.perf_counter() - started
 
-    async def _load_lora(self, artefact: Artefact) -> None:
-        client = ServerClient(self.registry, timeout_s=120.0, max_retries=1)
-        try:
-            reply = await client.post(POLICY, "/v1/load_lora_adapter",
-                                      json={"lora_name": artefact.version, "lora_path": artefact.uri})
-        finally:
-            await client.close()
-        if not reply.ok and "already" not in reply.text.lower():
-            raise ApplyError(f"apply: lora: {POLICY} refused adapter {artefact.version!r} ({artefact.uri}): "
-                             f"HTTP {reply.status}: {reply.error_message()}")
+    async def _load_lora(self, artefact: Artefact) -> str:
+        """Load the adapter on every replica of the policy model (one already holding it keeps it);
+        returns the `model_version` they report for it, or its name when replicas disagree."""
+        body = {"lora_name": artefact.version, "lora_path": artefact.uri}
+        for reply in await publish(self.registry, "load", body, servers=[POLICY], timeout_s=120.0):
+            if reply["status"] != 200 and "already" not in str(reply["answer"]).lower():
+                raise ApplyError(f"apply: lora: {POLICY} at {reply['url']} refused adapter {artefact.version!r} "
+                                 f"({artefact.uri}): HTTP {reply['status']}: {reply['answer']}")
+        return await self._listed_version(artefact.version) or artefact.version
+
+    async def _listed_version(self, name: str | None) -> str | None:
+        """The `model_version` every replica's `GET /v1/models` gives the adapter `name` (None: the base
+        model, the card without a parent); None when they disagree or do not say."""
+        versions = {card.get("model_version")
+                    for reply in await publish(self.registry, "list", servers=[POLICY], timeout_s=30.0)
+                    if reply["status"] == 200 and isinstance(reply["answer"], dict)
+                    for card in reply["answer"].get("data", []) if isinstance(card, dict)
+                    and (card.get("id") == name if name else not card.get("parent"))}
+        return versions.pop() if len(versions) == 1 and None not in versions else None
 
 
 __all__ = ["ApplyError", "POLICY", "Serving"]

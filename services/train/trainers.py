@@ -47,7 +47,7 @@ class TrainConfig(BaseModel):
     version: str = Field(description="the version name the artefact gets")
     init_adapter: str | None = Field(default=None, description="a PEFT folder to continue training from")
     seed: int = 0
-    export_gguf: Literal["none", "f16", "f32"] = Field(
+    export_gguf: Literal["none", "f16", "f32", "q8_0"] = Field(
         default="none", description="also write the merged weights as a GGUF the embedded model server can serve")
     args: dict[str, Any] = Field(default_factory=dict, description="the adapter's own arguments, from the plan")
 

@@ -152,8 +152,11 @@ def test_grpo_refuses_rollouts_sampled_from_other_weights(shared_base: Any, tmp_
         T.GRPOTrainer().fit(write(tmp_path, [{**groups[0], "rollouts": groups[0]["rollouts"][:1]}]), config(tmp_path))
 
 
-def test_merged_gguf_serves_the_trained_weights(shared_base: Any, tmp_path: Path) -> None:
-    """The merged F32 GGUF, run by llama.cpp, gives the PEFT model's logprobs (q/k row order included)."""
+@pytest.mark.parametrize(("dtype", "bound"), [("f32", 0.01), ("q8_0", 0.08)])
+def test_merged_gguf_serves_the_trained_weights(shared_base: Any, tmp_path: Path, dtype: str, bound: float) -> None:
+    """The merged GGUF, run by llama.cpp, gives the PEFT model's logprobs (q/k row order included): F32 up
+    to float noise; Q8_0 up to llama.cpp's 8-bit rounding of weights and activations, which stays well
+    below what the LoRA changed."""
     import torch
     from llama_cpp import Llama
     from peft import LoraConfig, get_peft_model
@@ -168,7 +171,7 @@ def test_merged_gguf_serves_the_trained_weights(shared_base: Any, tmp_path: Path
         for name, parameter in peft_model.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.02)
-    path = write_merged_gguf(bundled_gguf(), lora_deltas(peft_model), tmp_path / "merged.gguf", "f32")
+    path = write_merged_gguf(bundled_gguf(), lora_deltas(peft_model), tmp_path / "merged.gguf", dtype)
     prompt, completion = encode(tokenizer, "Weather in Paris?", "Paris: sunny, 22 C")
     expected = trainer_logprobs(peft_model, prompt, completion)
     base_logprobs = trainer_logprobs(model, prompt, completion)
@@ -182,4 +185,4 @@ def test_merged_gguf_serves_the_trained_weights(shared_base: Any, tmp_path: Path
     gap = float(np.abs(served - np.asarray(expected)).mean())
     moved = float(np.abs(np.asarray(base_logprobs) - np.asarray(expected)).mean())
     assert moved > 0.05, f"the LoRA barely changed the model ({moved}): the test would prove nothing"
-    assert gap < 0.01, f"served logprobs differ from the trainer's by {gap} per token (LoRA moved them by {moved})"
+    assert gap < min(bound, moved / 3), f"served {dtype} logprobs differ from the trainer's by {gap} per token (LoRA moved them by {moved})"
