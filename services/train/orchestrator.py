@@ -123,6 +123,7 @@ class Orchestrator:
         self._busy = _Occupancy()
         self._failures_file: Any = None
         self._pending_adapter: str | None = None  # to load again before a resumed run generates
+        self._record_finish = False  # finish_step writes step_N/ADAPTER (batches(persist=True))
         self._check_agents()
 
     # ------------------------------------------------------------------ setup
@@ -173,6 +174,8 @@ class Orchestrator:
             raise ValueError(f"step {step} has not been handed to the trainer yet")
         if adapter_path:
             await self.hot_load(str(adapter_path), step)
+        if self._record_finish:  # in-process batches kept on disk: a resumed run knows what was applied
+            await asyncio.to_thread(self.folders.finish, step, adapter_path or None)
         self.version = step
         self.done_at[step] = time.monotonic()
         if self._events is not None:
@@ -217,11 +220,21 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ transports
 
-    async def batches(self) -> AsyncIterator[Batch]:
-        """Batches in step order for a trainer in this process; call `finish_step` after each."""
+    async def batches(self, *, persist: bool = False, finished: int | None = None) -> AsyncIterator[Batch]:
+        """Batches in step order for a trainer in this process; call `finish_step` after each.
+
+        With `persist`, each batch is also published as a step folder (`output/steps/step_N/`) and each
+        finished step's adapter path is recorded next to it, so a killed run started again on the same
+        output resumes: batches handed out but not finished come again (the same rollouts), the last
+        finished step's adapter is loaded again, and new batches continue from the last published one.
+        `finished` says how many steps the caller has finished by its own record (default: the recorded
+        adapters); a step finished but not recorded by the caller is handed out again.
+        """
         queue: asyncio.Queue[Batch | None] = asyncio.Queue()
 
         async def publish(batch: Batch) -> None:
+            if persist:
+                await asyncio.to_thread(self.folders.write, batch)
             queue.put_nowait(batch)
 
         async def produce() -> None:
@@ -230,14 +243,24 @@ class Orchestrator:
             finally:
                 queue.put_nowait(None)
 
-        producer = asyncio.create_task(produce())
-        try:
-            while (batch := await queue.get()) is not None:
-                yield batch
-            await producer  # re-raises what stopped it
-        finally:
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+        replay: list[Batch] = []
+        if persist:
+            self._resume(finished)
+            self._record_finish = True
+            replay = [self.folders.read(step) for step in range(self.version + 1, self.next_step)]
+        async with _open_client(self):
+            # Before a replayed step's adapter is loaded, so that the older one cannot land over it.
+            await self._reload_pending()
+            producer = asyncio.create_task(produce())
+            try:
+                for batch in replay:
+                    yield batch
+                while (batch := await queue.get()) is not None:
+                    yield batch
+                await producer  # re-raises what stopped it
+            finally:
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
 
     async def run_step_folders(self, poll_s: float = 0.1, wait_for_trainer: bool = True) -> None:
         """Publish every batch as `output/steps/step_N/` and apply the adapters the trainer writes back.
@@ -276,19 +299,24 @@ class Orchestrator:
             if watcher.done() and not watcher.cancelled() and watcher.exception():
                 raise watcher.exception()  # type: ignore[misc]
 
-    def _resume(self) -> None:
-        """Continue from the step folders of a previous run of this output folder (if any)."""
+    def _resume(self, finished: int | None = None) -> None:
+        """Continue from the step folders of a previous run of this output folder (if any); `finished`
+        overrides how many steps count as finished (else: those with the trainer's ADAPTER)."""
         for removed in self.folders.discard_partial():
             self.log(f"removed the unfinished step folder {removed}")
         published = self.folders.published()
-        if not published:
-            return
         if published != list(range(1, len(published) + 1)):
             raise OrchestratorError(f"{self.folders.root}: published steps {published} have gaps; cannot resume")
-        last = published[-1]
-        finished = 0
-        while finished < last and self.folders.finished(finished + 1) is not None:
-            finished += 1
+        last = published[-1] if published else 0
+        if finished is None:
+            finished = 0
+            while finished < last and self.folders.finished(finished + 1) is not None:
+                finished += 1
+        elif not 0 <= finished <= last:
+            raise OrchestratorError(f"{self.folders.root}: steps 1..{finished} are finished but only "
+                                    f"{last} published; cannot resume")
+        if not published:
+            return
         state = self.folders.meta(last).get("state", {})
         for name, source_state in state.get("sources", {}).items():
             if name in self.sources:
@@ -315,6 +343,12 @@ class Orchestrator:
         lines = [have.get(step) or orjson.dumps(self.folders.meta(step)["metrics"]) for step in published]
         path.write_bytes(b"".join(line + b"\n" for line in lines))
 
+    async def _reload_pending(self) -> None:
+        """A resumed run serves the last finished step's adapter again before anything generates."""
+        if self._pending_adapter:
+            adapter, self._pending_adapter = self._pending_adapter, None
+            await self.hot_load(adapter, self.version)
+
     # ------------------------------------------------------------------ the loop
 
     async def run(self, publish: Callable[[Batch], Awaitable[None]]) -> None:
@@ -326,9 +360,7 @@ class Orchestrator:
             self._slot_client = _SlotClient(self._client, asyncio.Semaphore(self.config.concurrency), self._busy)
             self.done_at.setdefault(self.version, time.monotonic())
             await self._learn_base_versions()
-            if self._pending_adapter:
-                await self.hot_load(self._pending_adapter, self.version)
-                self._pending_adapter = None
+            await self._reload_pending()
             self._busy.start(self.config.concurrency)
             last_ready = time.monotonic()
             with (self.output / "failures.jsonl").open("ab") as self._failures_file:
