@@ -48,11 +48,20 @@ from ..rollouts.attempts import FailedAttempt, RetryPolicy, agent_for, build_pay
 from .advantages import completion_length, group_advantages
 from .mixing import EnvMixer, SourceTask, TaskSource, load_sources
 from .orchestrator_config import EnvSection, OrchestratorConfig
-from .steps import Batch, StepFolders
+from .steps import MARKER, Batch, StepFolders
 
 
 class OrchestratorError(RuntimeError):
     """The orchestrator cannot go on (a batch cannot be filled, a hot-load failed); the message says why."""
+
+
+class StepSignalError(ValueError):
+    """A trainer's "step N is done" that cannot be taken: `reason` says why (`unknown_step`,
+    `not_published`, `out_of_order`, `conflict`), `field` which part of the signal is wrong."""
+
+    def __init__(self, message: str, reason: str, field: str = "step") -> None:
+        super().__init__(message)
+        self.reason, self.field = reason, field
 
 
 DropReason = Literal["failed", "stale", "easy", "hard"]
@@ -124,6 +133,10 @@ class Orchestrator:
         self._failures_file: Any = None
         self._pending_adapter: str | None = None  # to load again before a resumed run generates
         self._record_finish = False  # finish_step writes step_N/ADAPTER (batches(persist=True))
+        self.applied_adapter: str | None = None  # the adapter the model servers serve (None: the base)
+        self.failure: str | None = None  # why the step-folder run stopped, for whoever waits on a step
+        self._signalled = asyncio.Event()  # a trainer's signal came: the watcher looks at once
+        self._progress = asyncio.Event()  # replaced each time a step finishes or the run fails
         self._check_agents()
 
     # ------------------------------------------------------------------ setup
@@ -180,6 +193,59 @@ class Orchestrator:
         self.done_at[step] = time.monotonic()
         if self._events is not None:
             self._events.put_nowait(_VersionChanged(step))
+        self._wake()
+
+    async def signal_finished(self, step: int, adapter_path: str | None) -> bool:
+        """The trainer says it finished `step` with `adapter_path` (None or '': no new weights): the same
+        as writing `steps/step_N/ADAPTER`, which the step-folder run applies in order. False when the
+        step was signalled before with the same path (a retry); StepSignalError when it cannot be taken.
+        """
+        recorded = await asyncio.to_thread(self._check_signal, step, adapter_path or "")
+        if recorded:
+            return False
+        await asyncio.to_thread(self.folders.finish, step, adapter_path or None)
+        self._signalled.set()
+        return True
+
+    def _check_signal(self, step: int, path: str) -> bool:
+        """Whether `step` was signalled before with `path`; StepSignalError if the signal cannot be taken."""
+        last = self.config.max_steps
+        if step < 1 or (last is not None and step > last):
+            raise StepSignalError(f"step {step} does not exist: this run has steps 1..{last or 'N'}", "unknown_step")
+        if step >= self.next_step and not (self.folders.path(step) / MARKER).exists():
+            published = f"1..{self.next_step - 1}" if self.next_step > 1 else "none yet"
+            raise StepSignalError(f"step {step} has not been handed out yet (published: {published})",
+                                  "not_published")
+        recorded = self.folders.finished(step)
+        if recorded is not None:
+            if recorded == path:
+                return True
+            raise StepSignalError(f"step {step} was finished already with adapter_path {recorded!r}, not {path!r}",
+                                  "conflict", "adapter_path")
+        if step - 1 > self.version and self.folders.finished(step - 1) is None:
+            raise StepSignalError(f"step {step} cannot finish before step {step - 1}", "out_of_order")
+        return False
+
+    async def until_finished(self, step: int) -> None:
+        """Wait until `step` is finished (its adapter served); OrchestratorError if the run stopped first."""
+        while self.version < step:
+            if self.failure is not None:
+                raise OrchestratorError(self.failure)
+            await self._progress.wait()
+
+    def _wake(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    def status(self) -> dict[str, Any]:
+        """Where the run stands: the step being formed, the steps ready for the trainer, what is applied."""
+        newest = max(self.version_steps.values(), default=0)
+        versions = sorted(version for version, step in self.version_steps.items() if step == newest)
+        return {"step": self.next_step, "max_steps": self.config.max_steps,
+                "published": self.next_step - 1, "ready": list(range(self.version + 1, self.next_step)),
+                "finished": self.version, "applied": {"step": newest, "adapter_path": self.applied_adapter,
+                                                      "model_versions": versions},
+                "max_async_level": self.config.max_async_level, "failure": self.failure}
 
     async def hot_load(self, adapter_path: str, step: int) -> None:
         """Load the adapter on every replica of every model server; OrchestratorError if one refuses."""
@@ -203,6 +269,7 @@ class Orchestrator:
                         version = None  # vLLM answers a plain sentence
                     if version:
                         self.version_steps[str(version)] = step
+        self.applied_adapter = adapter_path
         self.log(f"step {step}: adapter {adapter_path} loaded on {', '.join(self.model_servers)}")
 
     async def _learn_base_versions(self) -> None:
@@ -276,28 +343,37 @@ class Orchestrator:
 
         async def watch() -> None:
             while True:
+                self._signalled.clear()
                 step = self.version + 1
                 if step < self.next_step:
                     adapter = await asyncio.to_thread(self.folders.finished, step)
                     if adapter is not None:
                         await self.finish_step(step, adapter or None)
                         continue
-                await asyncio.sleep(poll_s)
+                try:  # a signal over HTTP is seen at once, a file written by the trainer within poll_s
+                    await asyncio.wait_for(self._signalled.wait(), poll_s)
+                except TimeoutError:
+                    pass
 
-        async with _open_client(self):
-            watcher = asyncio.create_task(watch())
-            try:
-                await self.run(publish)
-                last = self.next_step - 1
-                while wait_for_trainer and self.version < last:
-                    if watcher.done():
-                        watcher.result()
-                    await asyncio.sleep(poll_s)
-            finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
-            if watcher.done() and not watcher.cancelled() and watcher.exception():
-                raise watcher.exception()  # type: ignore[misc]
+        try:
+            async with _open_client(self):
+                watcher = asyncio.create_task(watch())
+                try:
+                    await self.run(publish)
+                    last = self.next_step - 1
+                    while wait_for_trainer and self.version < last:
+                        if watcher.done():
+                            watcher.result()
+                        await asyncio.sleep(poll_s)
+                finally:
+                    watcher.cancel()
+                    await asyncio.gather(watcher, return_exceptions=True)
+                if watcher.done() and not watcher.cancelled() and watcher.exception():
+                    raise watcher.exception()  # type: ignore[misc]
+        except Exception as exc:
+            self.failure = str(exc) or type(exc).__name__
+            self._wake()
+            raise
 
     def _resume(self, finished: int | None = None) -> None:
         """Continue from the step folders of a previous run of this output folder (if any); `finished`
@@ -665,4 +741,4 @@ def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{reason} {count}" for reason, count in counter.most_common()) or "none"
 
 
-__all__ = ["Batch", "Orchestrator", "OrchestratorError", "model_versions"]
+__all__ = ["Batch", "Orchestrator", "OrchestratorError", "StepSignalError", "model_versions"]
