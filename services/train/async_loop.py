@@ -4,7 +4,8 @@
     OUTPUT/history.jsonl             step 0: the base model's validation; then one line per trained step:
                                      the orchestrator's step metrics, the trainer's, the validation's
     OUTPUT/reward.png, steps.png     rewards per step; staleness, waits and dropped groups per step
-    OUTPUT/orchestrator/             the orchestrator's history.jsonl and failures.jsonl
+    OUTPUT/orchestrator/             the orchestrator's history.jsonl, failures.jsonl, and steps/ (every
+                                     batch as a step folder, with the adapter its step finished with)
     OUTPUT/step-NNN/                 curated.jsonl (the batch as training records), train/ (adapter, log),
                                      validation.jsonl
 
