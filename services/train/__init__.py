@@ -7,8 +7,8 @@
 trains and the GGUF it serves), `curation` (rollouts → training records), `plan` (the YAML),
 `serving` (the stack and the apply phase), `loop` (the epochs), `plot`; the command is rollgym.cli.train.
 Async RL: `orchestrator` (bounded-staleness step batches), with `orchestrator_config`, `advantages`,
-`mixing` (task sources, dedupe, env ratios), `steps` (the step-folder transport) and `step_server`
-(the trainer's HTTP signal).
+`mixing` (task sources, dedupe, env ratios), `policy_versions` (hot-loads, model_version → step),
+`steps` (the step-folder transport), `resume`, `step_metrics` and `step_server` (the trainer's HTTP signal).
 Names load on first use: the CLI starts without pydantic, torch or TRL.
 """
 
