@@ -54,6 +54,14 @@ def read_json(path: Path, default: Any) -> Any:
     return orjson.loads(path.read_bytes()) if path.is_file() else default
 
 
+def _is_json(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
 def read_rollouts(path: Path) -> list[dict[str, Any]]:
     """Finished rollouts of a collection (a torn last line, from a kill, is left out)."""
     rows = []
@@ -124,6 +132,19 @@ class TrainLoop:
             raise TrainError(f"{self.output} holds a run of another plan (keys differ: {', '.join(changed)}); "
                              "use another output folder")
         write_json(self.output / "plan.json", current)
+        self._drop_torn_history()
+
+    def _drop_torn_history(self) -> None:
+        """A line cut short by a kill would swallow the next one appended after it: keep whole lines only."""
+        if not self.history_path.is_file():
+            return
+        data = self.history_path.read_bytes()
+        whole = [line for line in data.splitlines() if line.strip() and _is_json(line)]
+        cleaned = b"".join(line + b"\n" for line in whole)
+        if cleaned != data:
+            partial = self.history_path.with_name(self.history_path.name + ".tmp")
+            partial.write_bytes(cleaned)
+            partial.replace(self.history_path)
 
     # ------------------------------------------------------------------ the run
 

@@ -158,3 +158,30 @@ def test_killed_async_train_resumes_after_the_last_finished_step(stack, tmp_path
     assert again.returncode == 0, again.stderr
     assert [line["step"] for line in _lines(run / "history.jsonl")] == [0, 1, 2, 3, 4]
     assert len((run / "calls.log").read_text().splitlines()) == 5
+
+
+def test_a_step_applied_but_not_recorded_is_applied_again_not_trained_again(stack, tmp_path):
+    """The kill came after step 2's adapter was loaded and recorded by the orchestrator, before its history line."""
+    plan = load_plan(write_plan(tmp_path, stack, orchestrator={
+        "batch_size": 4, "rollouts_per_example": 2, "max_steps": 2, "max_async_level": 1, "max_off_policy_steps": 2,
+        "concurrency": 4, "envs": [{"name": "reverse", "input": str(tmp_path / "tasks.jsonl"),
+                                    "agent": "reverse_text_agent"}]}))
+    AsyncTrainLoop(plan, progress=False, log=lambda _: None).run()
+    run = tmp_path / "run"
+    history = (run / "history.jsonl").read_bytes().splitlines(keepends=True)
+    (run / "history.jsonl").write_bytes(b"".join(history[:2]) + history[2][:40])  # step 2's line torn
+    batch_2 = (run / "orchestrator" / "steps" / "step_2" / "batch.jsonl").read_bytes()
+    assert (run / "orchestrator" / "steps" / "step_2" / "ADAPTER").read_text().strip()
+
+    said: list[str] = []
+    AsyncTrainLoop(plan, progress=False, log=said.append).run()
+    assert "resuming after step 1" in said
+    adapter_2 = run / "step-002" / "train" / "adapter"
+    # Step 1's adapter is served again first (the last step on record), then step 2's is applied again.
+    loads = [line for line in said if " loaded on policy_model" in line]
+    assert loads == [f"step 1: adapter {run / 'step-001' / 'train' / 'adapter'} loaded on policy_model",
+                     f"step 2: adapter {adapter_2} loaded on policy_model"]
+    lines = _lines(run / "history.jsonl")
+    assert [line["step"] for line in lines] == [0, 1, 2] and lines[2]["validation"]
+    assert len((run / "calls.log").read_text().splitlines()) == 2  # step 2 was not trained again
+    assert (run / "orchestrator" / "steps" / "step_2" / "batch.jsonl").read_bytes() == batch_2
