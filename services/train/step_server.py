@@ -72,7 +72,9 @@ class StepServer(BaseServer):
 def listen_socket(host: str, port: int) -> socket.socket:
     """A bound, listening socket (port 0: a free one); ValueError saying why it cannot be had."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio sets TCP_NODELAY only on sockets that say TCP, and without it a keep-alive
+    # client waits ~40 ms per answer (Nagle against delayed ACKs).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
