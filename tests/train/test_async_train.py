@@ -92,7 +92,7 @@ def _lines(path: Path) -> list[dict]:
 def test_killed_async_train_resumes_after_the_last_finished_step(stack, tmp_path):
     """`rollgym train` in async mode is SIGKILLed while step 2 trains; the same command continues it."""
     plan_path = write_plan(tmp_path, stack, optimize={
-        "adapter": "tests.train.toy_trainers:CountingTrainer", "data": "sft", "args": {"sleep_s": 2.0}})
+        "adapter": "tests.train.toy_trainers:CountingTrainer", "data": "sft", "args": {"sleep_s": 3.0}})
     plan = orjson.loads(plan_path.read_bytes())
     plan["orchestrator"]["max_steps"] = 4
     plan_path.write_bytes(orjson.dumps(plan))
@@ -108,11 +108,16 @@ def test_killed_async_train_resumes_after_the_last_finished_step(stack, tmp_path
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 90
-        while not (run / "calls.log").is_file() or len((run / "calls.log").read_text().splitlines()) < 2:
+
+        def training_step_2() -> bool:  # step 2's trainer started (and sleeps), step 3 is out already
+            calls = (run / "calls.log").read_text().splitlines() if (run / "calls.log").is_file() else []
+            return len(calls) >= 2 and (steps / "step_3" / "READY").exists()
+
+        while not training_step_2():
             assert first.poll() is None and time.monotonic() < deadline, first.stdout.read().decode()
             time.sleep(0.05)
-        time.sleep(0.3)  # step 2's trainer is sleeping: the kill lands mid-step
         before_kill = digests()
+        assert not (run / "step-002" / "train" / "artefact.json").exists()  # the kill lands mid-step
         first.send_signal(signal.SIGKILL)
         first.wait(10)
     finally:

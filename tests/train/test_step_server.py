@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -62,7 +63,9 @@ def test_a_trainer_signals_finished_steps_over_http(stack, tmp_path):
         assert found, first
         http = httpx.Client(base_url=found.group(1), timeout=30)
         folders.wait(2, timeout_s=60)  # steps 1 and 2 are out; step 3 waits for the trainer (max_async_level 1)
-        status = http.get("/status").json()
+        deadline = time.monotonic() + 10
+        while (status := http.get("/status").json())["step"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the folder is out a moment before the step counts as published
         assert status["ready"] == [1, 2] and status["finished"] == 0 and status["step"] == 3
         assert status["applied"]["adapter_path"] is None
 
