@@ -14,8 +14,8 @@ def register(commands: Any) -> None:
         "orchestrate", help="stream training batches of a running stack into step folders for an external trainer",
         description="Runs the async RL orchestrator (docs/trainers.md, section 5b) against a running stack and "
                     "publishes each step's batch as OUTPUT/steps/step_N/ (batch.jsonl, meta.json, READY written "
-                    "last). The trainer writes the path of the adapter it trained to step_N/ADAPTER; it is "
-                    "hot-loaded on every model server before later steps generate. Run it again on the same "
+                    "last). The trainer writes the path of the adapter it trained to step_N/ADAPTER (or, with "
+                    "--listen, POSTs it to /steps/N/done); it is hot-loaded on every model server before later steps generate. Run it again on the same "
                     "output to resume.")
     parser.add_argument("config", help="the orchestrator config YAML (batch_size, rollouts_per_example, envs, ...)")
     parser.add_argument("--registry-file", help="the running stack (written by `rollgym run --registry-file`); "
