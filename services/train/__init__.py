@@ -7,7 +7,8 @@
 trains and the GGUF it serves), `curation` (rollouts → training records), `plan` (the YAML),
 `serving` (the stack and the apply phase), `loop` (the epochs), `plot`; the command is rollgym.cli.train.
 Async RL: `orchestrator` (bounded-staleness step batches), with `orchestrator_config`, `advantages`,
-`mixing` (task sources, dedupe, env ratios) and `steps` (the step-folder transport).
+`mixing` (task sources, dedupe, env ratios), `policy_versions` (hot-loads, model_version → step),
+`steps` (the step-folder transport), `resume`, `step_metrics` and `step_server` (the trainer's HTTP signal).
 Names load on first use: the CLI starts without pydantic, torch or TRL.
 """
 
@@ -20,6 +21,7 @@ _EXPORTS = {
     "curate": ".curation", "Plan": ".plan", "PlanError": ".plan", "load_plan": ".plan", "TrainLoop": ".loop",
     "TrainError": ".loop", "Orchestrator": ".orchestrator", "OrchestratorError": ".orchestrator",
     "OrchestratorConfig": ".orchestrator_config", "Batch": ".steps", "StepFolders": ".steps",
+    "StepServer": ".step_server",
 }
 
 

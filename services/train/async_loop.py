@@ -4,7 +4,8 @@
     OUTPUT/history.jsonl             step 0: the base model's validation; then one line per trained step:
                                      the orchestrator's step metrics, the trainer's, the validation's
     OUTPUT/reward.png, steps.png     rewards per step; staleness, waits and dropped groups per step
-    OUTPUT/orchestrator/             the orchestrator's history.jsonl and failures.jsonl
+    OUTPUT/orchestrator/             the orchestrator's history.jsonl, failures.jsonl, and steps/ (every
+                                     batch as a step folder, with the adapter its step finished with)
     OUTPUT/step-NNN/                 curated.jsonl (the batch as training records), train/ (adapter, log),
                                      validation.jsonl
 
@@ -12,7 +13,13 @@ Each batch (whole groups from `orchestrator`) is curated to what the plan's `opt
 on (GRPO groups for `trl_grpo`) and trained on by it in a child process, starting from the previous
 step's LoRA; its adapter is then hot-loaded on the stack's model servers (the orchestrator's
 `finish_step`) before generation for later steps goes on. Meanwhile the orchestrator keeps generating up to `max_async_level` steps ahead.
-An async run is not resumable yet: a killed run starts again from the base model in a new output folder.
+
+**Resuming.** The orchestrator keeps every batch as a step folder (`OUTPUT/orchestrator/steps/`), and a
+step counts as finished once its line is in `history.jsonl`. The same command run again on the same
+output continues after the last finished step: batches already handed out come again unchanged (none
+is generated twice, none is lost), a step whose trainer had finished (`train/artefact.json`) is not
+trained again, the last finished step's adapter is loaded again before anything generates, and a
+validation cut short is done again whole.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ from typing import Any
 import orjson
 
 from .curation import CurateConfig, CurationError, curate
-from .jobs import SubprocessJob
-from .loop import TrainError, TrainLoop
+from .jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
+from .loop import TrainError, TrainLoop, read_json, write_json
 from .orchestrator import Orchestrator, OrchestratorError
 from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
 
@@ -37,36 +44,57 @@ class AsyncTrainLoop(TrainLoop):
     def run(self) -> dict[str, Any]:
         plan = self.plan
         assert plan.orchestrator is not None and plan.optimize is not None
-        if self.output.exists() and any(self.output.iterdir()):
-            raise TrainError(f"{self.output} is not empty: an async run starts in a new output folder")
-        self.output.mkdir(parents=True, exist_ok=True)
-        (self.output / "serving").mkdir()
-        (self.output / "plan.json").write_bytes(orjson.dumps(plan.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
-        self.state = {"applied": None, "best": None, "last": None, "stopped": None}
+        finished = self._open_output()
+        self.state = read_json(self.state_path, {"applied": None, "best": None, "last": None, "stopped": None})
         started = time.perf_counter()
         self.serving.serve_base("lora", plan.base_model)
         self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
         try:
-            if plan.validation is not None:
-                folder = self.output / "step-000"
-                folder.mkdir()
+            if plan.validation is not None and not any(line.get("step") == 0 for line in self.history()):
                 self._append_history({"epoch": 0, "step": 0, "stage": "async", "model_version": None,
-                                      "validation": self._validate(0, folder)})
+                                      "validation": self._validate(0, self._step_dir(0))})
             orchestrator = Orchestrator(plan.orchestrator, self.serving.registry, self.output / "orchestrator",
                                         log=self.log)
+            if finished:
+                self.log(f"resuming after step {finished}")
             try:
-                asyncio.run(self._steps(orchestrator))
+                asyncio.run(self._steps(orchestrator, finished))
             except OrchestratorError as exc:
                 raise TrainError(f"orchestrator: {exc}") from None
         finally:
             self.serving.stop()
         return self.state
 
-    async def _steps(self, orchestrator: Orchestrator) -> None:
-        previous: Artefact | None = None
-        async for batch in orchestrator.batches():
-            folder = self.output / f"step-{batch.step:03d}"
-            folder.mkdir()
+    def _open_output(self) -> int:
+        """Start a run in an empty output folder, or find where a run of the same plan stopped: the
+        number of steps it finished (each has its line in history.jsonl)."""
+        if not (self.output / "plan.json").is_file() and self.output.is_dir() and any(self.output.iterdir()):
+            raise TrainError(f"{self.output} is not empty and holds no run (no plan.json); use another output folder")
+        self._claim_output()
+        steps = sorted(int(line["step"]) for line in self.history() if int(line.get("step", 0)) > 0)
+        if steps != list(range(1, len(steps) + 1)):
+            raise TrainError(f"{self.history_path}: finished steps {steps} are not 1..N; cannot resume")
+        return len(steps)
+
+    def _step_dir(self, step: int) -> Path:
+        folder = self.output / f"step-{step:03d}"
+        folder.mkdir(exist_ok=True)
+        # Validation rollouts of a killed run came from a model version this run does not serve.
+        (folder / "validation.jsonl").unlink(missing_ok=True)
+        return folder
+
+    def _trained_before(self, finished: int) -> Artefact | None:
+        """The adapter the last finished steps trained (the next step trains on from it)."""
+        for step in range(finished, 0, -1):
+            artefact = finished_artefact(self.output / f"step-{step:03d}" / "train")
+            if artefact is not None:
+                return artefact
+        return None
+
+    async def _steps(self, orchestrator: Orchestrator, finished: int) -> None:
+        previous = self._trained_before(finished)
+        async for batch in orchestrator.batches(persist=True, finished=finished):
+            folder = self._step_dir(batch.step)
             line: dict[str, Any] = {"epoch": batch.step, "step": batch.step, "stage": "async",
                                     "orchestrator": batch.metrics,
                                     "train": {"mean_reward": batch.metrics["reward_mean"],
@@ -74,17 +102,17 @@ class AsyncTrainLoop(TrainLoop):
             curated = self._curate(batch.rollouts, folder)
             if curated:
                 started = time.perf_counter()
-                artefact = await asyncio.to_thread(self._train_step, batch.step, folder, previous)
+                artefact = finished_artefact(folder / "train")  # trained before a kill: not trained again
+                if artefact is None:
+                    artefact = await asyncio.to_thread(self._train_step, batch.step, folder, previous)
                 line["train"].update(artefact.metrics, optimize_s=round(time.perf_counter() - started, 3))
                 await orchestrator.finish_step(batch.step, artefact.uri)
                 previous = artefact
                 self.state["applied"] = self.state["last"] = artefact.model_dump()
-                self.serving.version = next((v for v, s in orchestrator.version_steps.items() if s == batch.step),
-                                            None)
             else:  # e.g. no group with a reward spread for GRPO: nothing to learn, the served weights stay
                 await orchestrator.finish_step(batch.step, None)
                 line["train"]["skipped"] = "nothing to train on after curation"
-            line["model_version"] = self.serving.version
+            line["model_version"] = self.serving.version = _served(orchestrator)
             line["artefact"] = previous.uri if previous else None
             validation = self.plan.validation
             if validation is not None and batch.step % validation.every == 0:
@@ -119,9 +147,12 @@ class AsyncTrainLoop(TrainLoop):
                 job = instance.submit(folder / "curated.jsonl", config)
             else:
                 job = SubprocessJob.start(optimize.adapter, folder / "curated.jsonl", config)
-            return job.wait()
+            artefact = job.wait()
         except (TrainingFailed, ValueError) as exc:
             raise TrainError(f"step {step} optimize with {optimize.adapter}: {exc}") from None
+        # A remote trainer's job leaves nothing here: record it, so a resumed run does not train it again.
+        write_json(folder / "train" / ARTEFACT_FILE, artefact.model_dump())
+        return artefact
 
     def _plot_steps(self) -> None:
         try:
@@ -130,6 +161,12 @@ class AsyncTrainLoop(TrainLoop):
             plot_steps([line for line in self.history() if line.get("orchestrator")], self.output / "steps.png")
         except Exception as exc:  # noqa: BLE001 - a plot must never stop training
             self.log(f"steps.png not drawn: {type(exc).__name__}: {exc}")
+
+
+def _served(orchestrator: Orchestrator) -> str | None:
+    """The model_version of the newest adapter loaded (None: the base model, by its own name)."""
+    loaded = {step: version for version, step in orchestrator.version_steps.items() if step > 0}
+    return loaded[max(loaded)] if loaded else None
 
 
 __all__ = ["AsyncTrainLoop"]

@@ -44,14 +44,22 @@ class TrainError(RuntimeError):
     """The run cannot go on; the message says which epoch and phase, and why."""
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     partial = path.with_name(path.name + ".tmp")
     partial.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     partial.replace(path)
 
 
-def _read_json(path: Path, default: Any) -> Any:
+def read_json(path: Path, default: Any) -> Any:
     return orjson.loads(path.read_bytes()) if path.is_file() else default
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def read_rollouts(path: Path) -> list[dict[str, Any]]:
@@ -97,7 +105,7 @@ class TrainLoop:
     # ------------------------------------------------------------------ state
 
     def _save_state(self) -> None:
-        _write_json(self.state_path, self.state)
+        write_json(self.state_path, self.state)
 
     def _artefact(self, key: str) -> Artefact | None:
         data = self.state.get(key)
@@ -113,20 +121,37 @@ class TrainLoop:
     def _epoch_dir(self, epoch: int) -> Path:
         return self.output / f"epoch-{epoch:03d}"
 
-    # ------------------------------------------------------------------ the run
-
-    def run(self) -> dict[str, Any]:
-        plan = self.plan
+    def _claim_output(self) -> None:
+        """Make the output folder this plan's: new, or a run of the same plan to continue."""
         self.output.mkdir(parents=True, exist_ok=True)
         (self.output / "serving").mkdir(exist_ok=True)
-        saved = _read_json(self.output / "plan.json", None)
-        current = plan.model_dump(mode="json")
+        saved = read_json(self.output / "plan.json", None)
+        current = self.plan.model_dump(mode="json")
         if saved is not None and saved != current:
             changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
             raise TrainError(f"{self.output} holds a run of another plan (keys differ: {', '.join(changed)}); "
                              "use another output folder")
-        _write_json(self.output / "plan.json", current)
-        self.state = _read_json(self.state_path, {"applied": None, "best": None, "last": None, "stopped": None})
+        write_json(self.output / "plan.json", current)
+        self._drop_torn_history()
+
+    def _drop_torn_history(self) -> None:
+        """A line cut short by a kill would swallow the next one appended after it: keep whole lines only."""
+        if not self.history_path.is_file():
+            return
+        data = self.history_path.read_bytes()
+        whole = [line for line in data.splitlines() if line.strip() and _is_json(line)]
+        cleaned = b"".join(line + b"\n" for line in whole)
+        if cleaned != data:
+            partial = self.history_path.with_name(self.history_path.name + ".tmp")
+            partial.write_bytes(cleaned)
+            partial.replace(self.history_path)
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> dict[str, Any]:
+        plan = self.plan
+        self._claim_output()
+        self.state = read_json(self.state_path, {"applied": None, "best": None, "last": None, "stopped": None})
         if self.state.get("stopped"):
             self.log(f"this run has stopped already: {self.state['stopped']}")
             return self.state
@@ -186,12 +211,12 @@ class TrainLoop:
         folder = self._epoch_dir(epoch)
         folder.mkdir(parents=True, exist_ok=True)
         phases_path = folder / "phases.json"
-        phases: dict[str, Any] = _read_json(phases_path, {})
+        phases: dict[str, Any] = read_json(phases_path, {})
         epoch_started = time.perf_counter()
 
         def finish(name: str, result: dict[str, Any], seconds: float) -> None:
             phases[name] = {**result, "s": round(seconds, 3)}
-            _write_json(phases_path, phases)
+            write_json(phases_path, phases)
 
         version = phases.get("collect", {}).get("model_version", self.serving.version)
         if "collect" not in phases:
@@ -398,4 +423,4 @@ def run_plan(plan: Plan, *, progress: bool = True) -> dict[str, Any]:
     return TrainLoop(plan, progress=progress).run()
 
 
-__all__ = ["PHASES", "TrainError", "TrainLoop", "read_rollouts", "run_plan"]
+__all__ = ["PHASES", "TrainError", "TrainLoop", "read_json", "read_rollouts", "run_plan", "write_json"]

@@ -27,6 +27,9 @@ fills without waiting for refills. Failures are written to `failures.jsonl`, nev
 **Metrics.** Each step's metrics go to `history.jsonl`: rollouts/s, reward mean and spread, dropped
 groups by reason, the staleness histogram of the rollouts used, the time the trainer waited for the
 batch, the time inference waited for the trainer, and how busy the rollout slots were.
+
+Beside this module: `policy_versions` (hot-loading, model_version → step), `steps` (the step folders),
+`resume` (where a killed run continues), `step_metrics` (the history lines), `step_server` (HTTP).
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-import statistics
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -46,13 +48,25 @@ import orjson
 from ..client import ServerAddress, ServerClient
 from ..rollouts.attempts import FailedAttempt, RetryPolicy, agent_for, build_payload, run_rollout
 from .advantages import completion_length, group_advantages
-from .mixing import EnvMixer, SourceTask, TaskSource, load_sources
+from .mixing import EnvMixer, SourceTask, load_sources
 from .orchestrator_config import EnvSection, OrchestratorConfig
-from .steps import Batch, StepFolders
+from .policy_versions import AdapterLoadError, PolicyVersions, model_versions
+from .resume import ResumeError, repair_history, resume_point
+from .step_metrics import Occupancy, SlotClient, step_metrics
+from .steps import MARKER, Batch, StepFolders
 
 
 class OrchestratorError(RuntimeError):
     """The orchestrator cannot go on (a batch cannot be filled, a hot-load failed); the message says why."""
+
+
+class StepSignalError(ValueError):
+    """A trainer's "step N is done" that cannot be taken: `reason` says why (`unknown_step`,
+    `not_published`, `out_of_order`, `conflict`), `field` which part of the signal is wrong."""
+
+    def __init__(self, message: str, reason: str, field: str = "step") -> None:
+        super().__init__(message)
+        self.reason, self.field = reason, field
 
 
 DropReason = Literal["failed", "stale", "easy", "hard"]
@@ -103,12 +117,11 @@ class Orchestrator:
         self.mixer = EnvMixer({env.name: env.ratio for env in config.envs}, config.groups_per_step)
         self.envs = {env.name: env for env in config.envs}
         self.agents = {env.name: self._agent(env) for env in config.envs}
-        self.model_servers = self._model_servers()
+        self.versions = PolicyVersions(self.registry, config.model_servers, config.adapter_name, log)
         self.policy = RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s,
                                   budget_s=config.budget_s)
         self.version = 0
         self.next_step = 1
-        self.version_steps: dict[str, int] = {}  # model_version -> the step whose adapter it is
         self.done_at: dict[int, float] = {}  # version -> when it became current
         self.dispatch_log: deque[tuple[int, int]] = deque(maxlen=100_000)  # (tag, version) per dispatch, for tests
         self._rng = random.Random(config.seed)
@@ -118,11 +131,14 @@ class Orchestrator:
         self._tasks: set[asyncio.Task[None]] = set()
         self._spare: list[Group] = []
         self._client: ServerClient | None = None
-        self._slot_client: _SlotClient | None = None
-        self._load_lock = asyncio.Lock()
-        self._busy = _Occupancy()
+        self._slot_client: SlotClient | None = None
+        self._busy = Occupancy()
         self._failures_file: Any = None
         self._pending_adapter: str | None = None  # to load again before a resumed run generates
+        self._record_finish = False  # finish_step writes step_N/ADAPTER (batches(persist=True))
+        self.failure: str | None = None  # why the step-folder run stopped, for whoever waits on a step
+        self._signalled = asyncio.Event()  # a trainer's signal came: the watcher looks at once
+        self._progress = asyncio.Event()  # replaced each time a step finishes or the run fails
         self._check_agents()
 
     # ------------------------------------------------------------------ setup
@@ -148,15 +164,14 @@ class Orchestrator:
                                      + (f"agent {agent!r} is not in the stack" if agent else "no agent to run it")
                                      + f" (agents: {', '.join(agents) or 'none'}); set the environment's agent")
 
-    def _model_servers(self) -> list[str]:
-        names = self.config.model_servers
-        if names is None:
-            return [name for name, address in self.registry.items() if address.role == "models"]
-        unknown = [name for name in names if name not in self.registry]
-        if unknown:
-            known = ", ".join(sorted(self.registry))
-            raise ValueError(f"model_servers {unknown} are not in the stack (servers: {known})")
-        return list(names)
+    @property
+    def model_servers(self) -> list[str]:
+        return self.versions.servers
+
+    @property
+    def version_steps(self) -> dict[str, int]:
+        """model_version -> the step whose adapter it is (0: the base)."""
+        return self.versions.steps
 
     # ------------------------------------------------------------------ the trainer's calls
 
@@ -173,55 +188,91 @@ class Orchestrator:
             raise ValueError(f"step {step} has not been handed to the trainer yet")
         if adapter_path:
             await self.hot_load(str(adapter_path), step)
+        if self._record_finish:  # in-process batches kept on disk: a resumed run knows what was applied
+            await asyncio.to_thread(self.folders.finish, step, adapter_path or None)
         self.version = step
         self.done_at[step] = time.monotonic()
         if self._events is not None:
             self._events.put_nowait(_VersionChanged(step))
+        self._wake()
+
+    async def signal_finished(self, step: int, adapter_path: str | None) -> bool:
+        """The trainer says it finished `step` with `adapter_path` (None or '': no new weights): the same
+        as writing `steps/step_N/ADAPTER`, which the step-folder run applies in order. False when the
+        step was signalled before with the same path (a retry); StepSignalError when it cannot be taken.
+        """
+        recorded = await asyncio.to_thread(self._check_signal, step, adapter_path or "")
+        if recorded:
+            return False
+        await asyncio.to_thread(self.folders.finish, step, adapter_path or None)
+        self._signalled.set()
+        return True
+
+    def _check_signal(self, step: int, path: str) -> bool:
+        """Whether `step` was signalled before with `path`; StepSignalError if the signal cannot be taken."""
+        last = self.config.max_steps
+        if step < 1 or (last is not None and step > last):
+            raise StepSignalError(f"step {step} does not exist: this run has steps 1..{last or 'N'}", "unknown_step")
+        if step >= self.next_step and not (self.folders.path(step) / MARKER).exists():
+            published = f"1..{self.next_step - 1}" if self.next_step > 1 else "none yet"
+            raise StepSignalError(f"step {step} has not been handed out yet (published: {published})",
+                                  "not_published")
+        recorded = self.folders.finished(step)
+        if recorded is not None:
+            if recorded == path:
+                return True
+            raise StepSignalError(f"step {step} was finished already with adapter_path {recorded!r}, not {path!r}",
+                                  "conflict", "adapter_path")
+        if step - 1 > self.version and self.folders.finished(step - 1) is None:
+            raise StepSignalError(f"step {step} cannot finish before step {step - 1}", "out_of_order")
+        return False
+
+    async def until_finished(self, step: int) -> None:
+        """Wait until `step` is finished (its adapter served); OrchestratorError if the run stopped first."""
+        while self.version < step:
+            if self.failure is not None:
+                raise OrchestratorError(self.failure)
+            await self._progress.wait()
+
+    def _wake(self) -> None:
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    def status(self) -> dict[str, Any]:
+        """Where the run stands: the step being formed, the steps ready for the trainer, what is applied."""
+        newest, versions = self.versions.newest()
+        return {"step": self.next_step, "max_steps": self.config.max_steps,
+                "published": self.next_step - 1, "ready": list(range(self.version + 1, self.next_step)),
+                "finished": self.version, "applied": {"step": newest, "adapter_path": self.versions.adapter,
+                                                      "model_versions": versions},
+                "max_async_level": self.config.max_async_level, "failure": self.failure}
 
     async def hot_load(self, adapter_path: str, step: int) -> None:
         """Load the adapter on every replica of every model server; OrchestratorError if one refuses."""
-        if not self.model_servers:
-            return
-        body = {"lora_name": self.config.adapter_name, "lora_path": adapter_path, "load_inplace": True}
-        async with _open_client(self), self._load_lock:
+        async with _open_client(self):
             assert self._client is not None
-            for name in self.model_servers:
-                address = self.registry[name]
-                headers = {"Authorization": f"Bearer {address.auth_token}"} if address.auth_token else None
-                for url in address.urls:
-                    reply = await self._client.request("POST", url, "/v1/load_lora_adapter", json=body,
-                                                       headers=headers, timeout_s=600)
-                    if not reply.ok:
-                        raise OrchestratorError(f"step {step}: {name} ({url}) refused adapter {adapter_path}: "
-                                                f"HTTP {reply.status}: {reply.error_message()}")
-                    try:
-                        version = reply.json().get("model_version")
-                    except (ValueError, AttributeError):
-                        version = None  # vLLM answers a plain sentence
-                    if version:
-                        self.version_steps[str(version)] = step
-        self.log(f"step {step}: adapter {adapter_path} loaded on {', '.join(self.model_servers)}")
-
-    async def _learn_base_versions(self) -> None:
-        """The model_version each model server reports for its base weights is version 0."""
-        assert self._client is not None
-        for name in self.model_servers:
             try:
-                reply = await self._client.get(name, "/v1/models", timeout_s=30)
-                models = reply.json().get("data", []) if reply.ok else []
-            except Exception:  # noqa: BLE001 - a server without the route just reports no base version
-                continue
-            for model in models:
-                if isinstance(model, dict) and not model.get("parent"):
-                    self.version_steps.setdefault(str(model.get("model_version") or model.get("id")), 0)
+                await self.versions.load(self._client, adapter_path, step)
+            except AdapterLoadError as exc:
+                raise OrchestratorError(str(exc)) from None
 
     # ------------------------------------------------------------------ transports
 
-    async def batches(self) -> AsyncIterator[Batch]:
-        """Batches in step order for a trainer in this process; call `finish_step` after each."""
+    async def batches(self, *, persist: bool = False, finished: int | None = None) -> AsyncIterator[Batch]:
+        """Batches in step order for a trainer in this process; call `finish_step` after each.
+
+        With `persist`, each batch is also published as a step folder (`output/steps/step_N/`) and each
+        finished step's adapter path is recorded next to it, so a killed run started again on the same
+        output resumes: batches handed out but not finished come again (the same rollouts), the last
+        finished step's adapter is loaded again, and new batches continue from the last published one.
+        `finished` says how many steps the caller has finished by its own record (default: the recorded
+        adapters); a step finished but not recorded by the caller is handed out again.
+        """
         queue: asyncio.Queue[Batch | None] = asyncio.Queue()
 
         async def publish(batch: Batch) -> None:
+            if persist:
+                await asyncio.to_thread(self.folders.write, batch)
             queue.put_nowait(batch)
 
         async def produce() -> None:
@@ -230,14 +281,24 @@ class Orchestrator:
             finally:
                 queue.put_nowait(None)
 
-        producer = asyncio.create_task(produce())
-        try:
-            while (batch := await queue.get()) is not None:
-                yield batch
-            await producer  # re-raises what stopped it
-        finally:
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+        replay: list[Batch] = []
+        if persist:
+            self._resume(finished)
+            self._record_finish = True
+            replay = [self.folders.read(step) for step in range(self.version + 1, self.next_step)]
+        async with _open_client(self):
+            # Before a replayed step's adapter is loaded, so that the older one cannot land over it.
+            await self._reload_pending()
+            producer = asyncio.create_task(produce())
+            try:
+                for batch in replay:
+                    yield batch
+                while (batch := await queue.get()) is not None:
+                    yield batch
+                await producer  # re-raises what stopped it
+            finally:
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
 
     async def run_step_folders(self, poll_s: float = 0.1, wait_for_trainer: bool = True) -> None:
         """Publish every batch as `output/steps/step_N/` and apply the adapters the trainer writes back.
@@ -253,67 +314,63 @@ class Orchestrator:
 
         async def watch() -> None:
             while True:
+                self._signalled.clear()
                 step = self.version + 1
                 if step < self.next_step:
                     adapter = await asyncio.to_thread(self.folders.finished, step)
                     if adapter is not None:
                         await self.finish_step(step, adapter or None)
                         continue
-                await asyncio.sleep(poll_s)
+                try:  # a signal over HTTP is seen at once, a file written by the trainer within poll_s
+                    await asyncio.wait_for(self._signalled.wait(), poll_s)
+                except TimeoutError:
+                    pass
 
-        async with _open_client(self):
-            watcher = asyncio.create_task(watch())
-            try:
-                await self.run(publish)
-                last = self.next_step - 1
-                while wait_for_trainer and self.version < last:
-                    if watcher.done():
-                        watcher.result()
-                    await asyncio.sleep(poll_s)
-            finally:
-                watcher.cancel()
-                await asyncio.gather(watcher, return_exceptions=True)
-            if watcher.done() and not watcher.cancelled() and watcher.exception():
-                raise watcher.exception()  # type: ignore[misc]
+        try:
+            async with _open_client(self):
+                watcher = asyncio.create_task(watch())
+                try:
+                    await self.run(publish)
+                    last = self.next_step - 1
+                    while wait_for_trainer and self.version < last:
+                        if watcher.done():
+                            watcher.result()
+                        await asyncio.sleep(poll_s)
+                finally:
+                    watcher.cancel()
+                    await asyncio.gather(watcher, return_exceptions=True)
+                if watcher.done() and not watcher.cancelled() and watcher.exception():
+                    raise watcher.exception()  # type: ignore[misc]
+        except Exception as exc:
+            self.failure = str(exc) or type(exc).__name__
+            self._wake()
+            raise
 
-    def _resume(self) -> None:
-        """Continue from the step folders of a previous run of this output folder (if any)."""
-        for removed in self.folders.discard_partial():
-            self.log(f"removed the unfinished step folder {removed}")
-        published = self.folders.published()
-        if not published:
+    def _resume(self, finished: int | None = None) -> None:
+        """Continue from the step folders of a previous run of this output folder (if any); `finished`
+        overrides how many steps count as finished (else: those with the trainer's ADAPTER)."""
+        try:
+            point = resume_point(self.folders, finished, self.log)
+        except ResumeError as exc:
+            raise OrchestratorError(str(exc)) from None
+        if not point.published:
             return
-        if published != list(range(1, len(published) + 1)):
-            raise OrchestratorError(f"{self.folders.root}: published steps {published} have gaps; cannot resume")
-        last = published[-1]
-        finished = 0
-        while finished < last and self.folders.finished(finished + 1) is not None:
-            finished += 1
-        state = self.folders.meta(last).get("state", {})
-        for name, source_state in state.get("sources", {}).items():
+        for name, source_state in point.state.get("sources", {}).items():
             if name in self.sources:
                 self.sources[name].restore(source_state)
-        self._dispatched = int(state.get("dispatched", 0))
-        self._rng = random.Random(f"{self.config.seed}:{last}")
-        self.next_step = last + 1
-        self._pending_adapter = next((self.folders.finished(s) for s in range(finished, 0, -1)
-                                      if self.folders.finished(s)), None)
-        self.version = finished
-        self._repair_history(published)
-        self.log(f"resuming: steps 1..{last} published, 1..{finished} finished by the trainer")
+        self._dispatched = int(point.state.get("dispatched", 0))
+        self._rng = random.Random(f"{self.config.seed}:{point.last}")
+        self.next_step = point.last + 1
+        self._pending_adapter = point.adapter
+        self.version = point.finished
+        repair_history(self.output / "history.jsonl", self.folders, point.published)
+        self.log(f"resuming: steps 1..{point.last} published, 1..{point.finished} finished by the trainer")
 
-    def _repair_history(self, published: list[int]) -> None:
-        """history.jsonl gets one line per published step (a kill may have come between the two writes)."""
-        path = self.output / "history.jsonl"
-        have: dict[int, bytes] = {}
-        if path.exists():
-            for line in path.read_bytes().splitlines():
-                try:
-                    have[int(orjson.loads(line)["step"])] = line
-                except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                    continue  # a torn last line
-        lines = [have.get(step) or orjson.dumps(self.folders.meta(step)["metrics"]) for step in published]
-        path.write_bytes(b"".join(line + b"\n" for line in lines))
+    async def _reload_pending(self) -> None:
+        """A resumed run serves the last finished step's adapter again before anything generates."""
+        if self._pending_adapter:
+            adapter, self._pending_adapter = self._pending_adapter, None
+            await self.hot_load(adapter, self.version)
 
     # ------------------------------------------------------------------ the loop
 
@@ -323,12 +380,10 @@ class Orchestrator:
             self.output.mkdir(parents=True, exist_ok=True)
             self._events = asyncio.Queue()
             assert self._client is not None
-            self._slot_client = _SlotClient(self._client, asyncio.Semaphore(self.config.concurrency), self._busy)
+            self._slot_client = SlotClient(self._client, asyncio.Semaphore(self.config.concurrency), self._busy)
             self.done_at.setdefault(self.version, time.monotonic())
-            await self._learn_base_versions()
-            if self._pending_adapter:
-                await self.hot_load(self._pending_adapter, self.version)
-                self._pending_adapter = None
+            await self.versions.learn_base(self._client)
+            await self._reload_pending()
             self._busy.start(self.config.concurrency)
             last_ready = time.monotonic()
             with (self.output / "failures.jsonl").open("ab") as self._failures_file:
@@ -392,8 +447,10 @@ class Orchestrator:
         ready = time.monotonic()
         groups = [group for name in quotas for group in accepted[name]]
         rollouts = self._annotate(step, groups)
-        metrics = self._metrics(step, rollouts, groups, dropped, failure_statuses, generated, inference_wait,
-                                previous_ready, ready)
+        metrics = step_metrics(step, rollouts, [group.env for group in groups], policy_version=self.version,
+                               dropped=dropped, failure_statuses=failure_statuses, generated=generated,
+                               inference_wait=inference_wait, previous_ready=previous_ready, ready=ready,
+                               trainer_done=self.done_at.get(step - 1), slots_busy=self._busy.take())
         state = {"sources": {name: source.state() for name, source in self.sources.items()},
                  "dispatched": self._dispatched}
         return Batch(step, rollouts, metrics, state)
@@ -486,7 +543,7 @@ class Orchestrator:
         for rollout, failure in outcomes:
             if rollout is not None:
                 group.rollouts.append(rollout)
-                group.sampled.append(self._sampled_version(rollout, group.dispatch_version))
+                group.sampled.append(self.versions.sampled_step(rollout, group.dispatch_version))
             elif failure is not None:
                 group.failures.append(failure.to_json())
         group.verdict = self._difficulty(group)
@@ -503,15 +560,7 @@ class Orchestrator:
         self._failures_file.write(orjson.dumps(failed.to_json()) + b"\n")
         self._failures_file.flush()
 
-    def _sampled_version(self, rollout: dict[str, Any], fallback: int) -> int:
-        """The oldest policy version among the model_versions of a rollout's generated items."""
-        versions = model_versions(rollout)
-        steps = [self.version_steps[v] for v in versions if v in self.version_steps]
-        if steps:
-            return min(steps)
-        return fallback
-
-    # ------------------------------------------------------------------ batches and metrics
+    # ------------------------------------------------------------------ batches
 
     def _annotate(self, step: int, groups: list[Group]) -> list[dict[str, Any]]:
         rollouts = []
@@ -523,90 +572,6 @@ class Orchestrator:
                                sampled_step=sampled, policy_lag=step - 1 - sampled)
                 rollouts.append(rollout)
         return rollouts
-
-    def _metrics(self, step: int, rollouts: list[dict[str, Any]], groups: list[Group], dropped: Counter[str],
-                 failure_statuses: Counter[str], generated: int, inference_wait: float, previous_ready: float,
-                 ready: float) -> dict[str, Any]:
-        rewards = [float(r["reward"]) for r in rollouts]
-        interval = max(ready - previous_ready, 1e-9)
-        trainer_done = self.done_at.get(step - 1)
-        return {
-            "step": step,
-            "time": time.time(),
-            "policy_version": self.version,
-            "rollouts": len(rollouts),
-            "groups": len(groups),
-            "interval_s": round(interval, 4),
-            "rollouts_per_s": round(len(rollouts) / interval, 3),
-            "generated_per_s": round(generated / interval, 3),
-            "reward_mean": statistics.fmean(rewards),
-            "reward_std": statistics.pstdev(rewards),
-            "reward_min": min(rewards),
-            "reward_max": max(rewards),
-            "dropped": {reason: dropped.get(reason, 0) for reason in ("failed", "stale", "easy", "hard")},
-            "failures": dict(sorted(failure_statuses.items())),
-            "staleness": {str(lag): count for lag, count in sorted(Counter(r["policy_lag"] for r in rollouts).items())},
-            "envs": dict(Counter(group.env for group in groups)),
-            "trainer_wait_s": round(max(0.0, ready - trainer_done), 4) if trainer_done is not None else 0.0,
-            "inference_wait_s": round(inference_wait, 4),
-            "slots_busy": round(self._busy.take(), 4),
-        }
-
-
-def model_versions(rollout: Mapping[str, Any]) -> set[str]:
-    """Every model_version a rollout's response and generated items carry."""
-    versions: set[str] = set()
-    response = rollout.get("response")
-    if isinstance(response, Mapping):
-        if response.get("model_version"):
-            versions.add(str(response["model_version"]))
-        for item in response.get("output") or []:
-            if isinstance(item, Mapping) and item.get("model_version"):
-                versions.add(str(item["model_version"]))
-    return versions
-
-
-class _Occupancy:
-    """Time-weighted mean of the rollout slots in use, as a fraction of all slots, per interval."""
-
-    def __init__(self) -> None:
-        self.slots = 1
-        self.in_use = 0
-        self.area = 0.0
-        self.since = self.last = time.monotonic()
-
-    def start(self, slots: int) -> None:
-        self.slots, self.area = slots, 0.0
-        self.since = self.last = time.monotonic()
-
-    def change(self, delta: int) -> None:
-        now = time.monotonic()
-        self.area += self.in_use * (now - self.last)
-        self.in_use, self.last = self.in_use + delta, now
-
-    def take(self) -> float:
-        """The mean occupancy since the last take."""
-        self.change(0)
-        elapsed = self.last - self.since
-        value = self.area / (elapsed * self.slots) if elapsed > 0 else 0.0
-        self.area, self.since = 0.0, self.last
-        return value
-
-
-class _SlotClient:
-    """The client rollouts go through: a slot is held per attempt (not while a rollout backs off), and
-    the time slots are in use is measured."""
-
-    def __init__(self, client: ServerClient, slots: asyncio.Semaphore, busy: _Occupancy) -> None:
-        self.client, self.slots, self.busy = client, slots, busy
-
-    async def post(self, *args: Any, **kwargs: Any) -> Any:
-        async with self.slots:
-            self.busy.change(+1)
-            try:
-                return await self.client.post(*args, **kwargs)
-            finally:
-                self.busy.change(-1)
 
 
 class _open_client:
@@ -633,4 +598,4 @@ def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{reason} {count}" for reason, count in counter.most_common()) or "none"
 
 
-__all__ = ["Batch", "Orchestrator", "OrchestratorError", "model_versions"]
+__all__ = ["Batch", "Orchestrator", "OrchestratorError", "StepSignalError", "model_versions"]

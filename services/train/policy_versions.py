@@ -1,0 +1,104 @@
+"""Which weights the model servers serve, and which trainer step they came from.
+
+Version `n` is the policy after the trainer's step `n` (0: the base model). A step's adapter is
+hot-loaded on every replica of every model server (vLLM's `POST /v1/load_lora_adapter`); each load
+makes the servers answer with a new `model_version`, which is mapped back to the step, so the items
+of a rollout tell which step's weights sampled them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Mapping
+
+from ..client import ServerAddress, ServerClient
+
+
+class AdapterLoadError(RuntimeError):
+    """A model server refused an adapter; the message says which server, which adapter and why."""
+
+
+class PolicyVersions:
+    """The stack's model servers, the adapters loaded on them, and model_version → step."""
+
+    def __init__(self, registry: Mapping[str, ServerAddress], model_servers: list[str] | None, adapter_name: str,
+                 log: Callable[[str], None] = print) -> None:
+        self.registry = registry
+        self.adapter_name = adapter_name
+        self.log = log
+        self.servers = self._resolve(model_servers)
+        self.steps: dict[str, int] = {}  # model_version -> the step whose adapter it is (0: the base)
+        self.adapter: str | None = None  # the adapter loaded last (None: the base)
+        self._lock = asyncio.Lock()
+
+    def _resolve(self, names: list[str] | None) -> list[str]:
+        """The model servers to load adapters on: those named (all must be in the stack), else every one."""
+        if names is None:
+            return [name for name, address in self.registry.items() if address.role == "models"]
+        unknown = [name for name in names if name not in self.registry]
+        if unknown:
+            known = ", ".join(sorted(self.registry))
+            raise ValueError(f"model_servers {unknown} are not in the stack (servers: {known})")
+        return list(names)
+
+    async def load(self, client: ServerClient, adapter_path: str, step: int) -> None:
+        """Load the adapter on every replica of every model server; AdapterLoadError if one refuses."""
+        if not self.servers:
+            return
+        body = {"lora_name": self.adapter_name, "lora_path": adapter_path, "load_inplace": True}
+        async with self._lock:
+            for name in self.servers:
+                address = self.registry[name]
+                headers = {"Authorization": f"Bearer {address.auth_token}"} if address.auth_token else None
+                for url in address.urls:
+                    reply = await client.request("POST", url, "/v1/load_lora_adapter", json=body, headers=headers,
+                                                 timeout_s=600)
+                    if not reply.ok:
+                        raise AdapterLoadError(f"step {step}: {name} ({url}) refused adapter {adapter_path}: "
+                                               f"HTTP {reply.status}: {reply.error_message()}")
+                    try:
+                        version = reply.json().get("model_version")
+                    except (ValueError, AttributeError):
+                        version = None  # vLLM answers a plain sentence
+                    if version:
+                        self.steps[str(version)] = step
+        self.adapter = adapter_path
+        self.log(f"step {step}: adapter {adapter_path} loaded on {', '.join(self.servers)}")
+
+    async def learn_base(self, client: ServerClient) -> None:
+        """The model_version each model server reports for its base weights is version 0."""
+        for name in self.servers:
+            try:
+                reply = await client.get(name, "/v1/models", timeout_s=30)
+                models = reply.json().get("data", []) if reply.ok else []
+            except Exception:  # noqa: BLE001 - a server without the route just reports no base version
+                continue
+            for model in models:
+                if isinstance(model, dict) and not model.get("parent"):
+                    self.steps.setdefault(str(model.get("model_version") or model.get("id")), 0)
+
+    def sampled_step(self, rollout: Mapping[str, Any], fallback: int) -> int:
+        """The oldest step among the model_versions of a rollout's generated items (`fallback` if none is known)."""
+        steps = [self.steps[v] for v in model_versions(rollout) if v in self.steps]
+        return min(steps) if steps else fallback
+
+    def newest(self) -> tuple[int, list[str]]:
+        """The newest step whose weights were loaded, and the model_versions the servers report for them."""
+        newest = max(self.steps.values(), default=0)
+        return newest, sorted(version for version, step in self.steps.items() if step == newest)
+
+
+def model_versions(rollout: Mapping[str, Any]) -> set[str]:
+    """Every model_version a rollout's response and generated items carry."""
+    versions: set[str] = set()
+    response = rollout.get("response")
+    if isinstance(response, Mapping):
+        if response.get("model_version"):
+            versions.add(str(response["model_version"]))
+        for item in response.get("output") or []:
+            if isinstance(item, Mapping) and item.get("model_version"):
+                versions.add(str(item["model_version"]))
+    return versions
+
+
+__all__ = ["AdapterLoadError", "PolicyVersions", "model_versions"]
