@@ -243,7 +243,7 @@ class GRPOTrainer(_LoraTrainer):
             raise TrainingFailed(
                 f"the served model's sampling logprobs differ from the trainer's by {mean_gap:.3f} per token on "
                 f"average (max_logprob_gap {bound}): the rollouts were not sampled from these weights (a quantized "
-                "or stale model is serving); serve the merged weights unquantized (apply: merged)")
+                "or stale model is serving); serve the merged weights unquantized (apply: merged, serve_dtype: f16)")
         # A batch larger than the data would give TRL's sampler no full batch, and zero steps.
         groups_per_step = max(1, min(int(args.get("groups_per_step", 2)), len(rows)))
         longest = max(len(m["sequence"]["completion_ids"]) for g in rows for m in g["rollouts"])
