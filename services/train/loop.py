@@ -122,10 +122,8 @@ class TrainLoop:
         return Artefact.model_validate(data) if data else None
 
     def _apply_mode(self) -> str:
-        """The apply mode the serving side runs in (a plan uses one for all its stages)."""
+        """The apply mode the serving side runs in (a plan uses one for all its stages: Plan checks it)."""
         modes = {stage.apply for stage in self.plan.stages} - {"none"}
-        if len(modes) > 1:
-            raise TrainError(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
         return modes.pop() if modes else "none"
 
     def _epoch_dir(self, epoch: int) -> Path:

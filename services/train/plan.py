@@ -246,11 +246,14 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
     stack = plan.stack
     try:
         if stack.registry_file:
-            load_registry_file(stack.registry_file)
+            servers = list(load_registry_file(stack.registry_file))
         else:
-            load_stack(stack.configs, stack.resolved_overrides(plan.seed))
+            servers = list(load_stack(stack.configs, stack.resolved_overrides(plan.seed)).servers)
     except (ValueError, ConfigError) as exc:
         problems.append(("stack.registry_file" if stack.registry_file else "stack", str(exc)))
+    else:
+        if stack.agent is not None and stack.agent not in servers:
+            problems.append(("stack.agent", f"the stack has no server named {stack.agent!r} ({', '.join(servers)})"))
     return problems
 
 

@@ -60,6 +60,7 @@ def test_overrides_replace_top_level_keys(tmp_path: Path) -> None:
     (lambda p: p.update(base_model="Qwen/Qwen3-0.6B"), r"base_model must be 'bundled' or a \*\.gguf file"),
     (lambda p: p.update(base_model="no/such/model.gguf"), r"key 'base_model': no such GGUF file: no/such/model\.gguf"),
     (lambda p: p["stack"].update(configs=["no/such/config.yaml"]), r"key 'stack': config file not found"),
+    (lambda p: p["stack"].update(agent="weathr"), r"key 'stack\.agent': the stack has no server named 'weathr'"),
 ])
 def test_mistakes_name_the_key(tmp_path: Path, change, message: str) -> None:
     data = demo()
