@@ -35,11 +35,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..config import import_target
-from ..errors import format_location
+from .config_files import key_problems, read_mapping
 from .curation import CurateConfig
 from .orchestrator_config import OrchestratorConfig, task_file_problem
 from .trainers import BUILTIN, DATA_KIND
@@ -174,34 +173,20 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
     """Read and validate a plan file, with `overrides` ({"seed": 1, "stack.concurrency": 2}: dotted keys
     reach into sections) applied; then check the files it names. PlanError names the file and the key."""
     path = Path(path)
-    if path.is_dir():
-        raise PlanError(f"{path}: is a folder, not a plan file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{path}: no such plan file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanError(f"{path}: cannot read it: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: not valid YAML: {exc}") from None
-    if data is None:
-        raise PlanError(f"{path}: is empty; a plan is a mapping of keys (base_model, output, stack, stages, ...)")
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: a plan is a mapping of keys (base_model, output, stack, stages, ...), "
-                        f"not a {type(data).__name__}")
+        data = read_mapping(path, "plan", "base_model, output, stack, stages")
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
     for key, value in (overrides or {}).items():
         _override(data, key, value)
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            key = format_location(error["loc"]) if error["loc"] else "(top level)"
-            origin = next((f" (set by the override of {name!r})" for name in overrides or {}
-                           if key == name or key.startswith((f"{name}.", f"{name}[")) or name.startswith(f"{key}.")),
-                          "")
-            problems.append(f"{path}: key '{key}': {error['msg'].removeprefix('Value error, ')}{origin}")
-        raise PlanError("\n".join(problems)) from None
+        def origin(key: str) -> str:
+            return next((f" (set by the override of {name!r})" for name in overrides or {}
+                         if key == name or key.startswith((f"{name}.", f"{name}[")) or name.startswith(f"{key}.")), "")
+
+        raise PlanError(key_problems(path, exc, origin)) from None
     problems = [f"{path}: key '{key}': {message}" for key, message in file_problems(plan)]
     if problems:
         raise PlanError("\n".join(problems))
