@@ -33,6 +33,7 @@ def register(commands: Any) -> None:
 
 def cmd_orchestrate(args: argparse.Namespace) -> int:
     import asyncio
+    import os
 
     from ..client import load_registry_file
     from ..train.orchestrator import Orchestrator, OrchestratorError
@@ -41,6 +42,8 @@ def cmd_orchestrate(args: argparse.Namespace) -> int:
     if args.poll_s <= 0:
         raise UsageError("--poll-s must be positive")
     listen = _host_port(args.listen) if args.listen else None
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise UsageError(f"--output {args.output} is a file; a run's output is a folder")
     try:
         config = load_orchestrator_config(args.config)
         registry = load_registry_file(args.registry_file) if args.registry_file else env_registry()

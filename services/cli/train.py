@@ -12,7 +12,7 @@ def register(commands: Any) -> None:
         "train", help="run a training plan: epochs of collect, curate, optimize, apply, validate (resumable)")
     parser.add_argument("plan", help="the plan YAML (docs/trainers.md)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="top-level plan keys to override, e.g. output=runs/x seed=1")
+                        help="plan keys to override, e.g. output=runs/x seed=1 stack.concurrency=2")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(handler=cmd_train)
 
@@ -22,6 +22,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from ..train.loop import TrainError, TrainLoop
     from ..train.plan import PlanError, load_plan
+    from ..train.serving import ApplyError
     from .common import UsageError
 
     overrides: dict[str, Any] = {}
@@ -29,7 +30,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"{item!r} must look like KEY=VALUE (e.g. seed=1)")
-        overrides[key] = yaml.safe_load(value)
+        try:
+            overrides[key] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UsageError(f"{item!r}: the value is not valid YAML ({problem})") from None
     try:
         plan = load_plan(args.plan, overrides)
     except PlanError as exc:
@@ -42,7 +47,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         loop = TrainLoop(plan, progress=not args.no_progress)
     try:
         state = loop.run()
-    except TrainError as exc:
+    except (TrainError, ApplyError) as exc:
         print(f"rollgym: error: {exc}", file=sys.stderr)
         return 1
     for line in loop.history():

@@ -15,11 +15,12 @@ Built-in kinds (`AdvantageConfig.type`):
 
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..config import import_target
 
 AdvantageFunction = Callable[..., Sequence[float]]
 
@@ -47,12 +48,9 @@ def load_function(import_path: str) -> AdvantageFunction:
     if not module_name or not attribute:
         raise ValueError(f"import_path {import_path!r}: expected 'package.module:function'")
     try:
-        function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"import_path {import_path!r}: {exc}") from None
-    if not callable(function):
-        raise ValueError(f"import_path {import_path!r} is not callable")
-    return function
+        return import_target(f"{module_name}:{attribute}")
+    except ValueError as exc:
+        raise ValueError(f"import_path: {exc}") from None
 
 
 def completion_length(rollout: Mapping[str, Any]) -> int:

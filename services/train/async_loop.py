@@ -53,8 +53,11 @@ class AsyncTrainLoop(TrainLoop):
             if plan.validation is not None and not any(line.get("step") == 0 for line in self.history()):
                 self._append_history({"epoch": 0, "step": 0, "stage": "async", "model_version": None,
                                       "validation": self._validate(0, self._step_dir(0))})
-            orchestrator = Orchestrator(plan.orchestrator, self.serving.registry, self.output / "orchestrator",
-                                        log=self.log)
+            try:
+                orchestrator = Orchestrator(plan.orchestrator, self.serving.registry, self.output / "orchestrator",
+                                            log=self.log)
+            except ValueError as exc:  # e.g. a tasks file gone since the plan was loaded
+                raise TrainError(f"orchestrator: {exc}") from None
             if finished:
                 self.log(f"resuming after step {finished}")
             try:

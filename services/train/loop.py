@@ -74,6 +74,16 @@ def read_rollouts(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _counts(counts: Any) -> str:
+    return ", ".join(f"{status}: {n}" for status, n in counts.items()) if isinstance(counts, dict) else "?"
+
+
+def _first_failure(path: str | None) -> str:
+    """The cause of the first failed attempt in a collection's failures file."""
+    rows = read_rollouts(Path(path)) if path else []
+    return str(rows[0].get("error") or rows[0].get("status")) if rows else "no cause recorded"
+
+
 class PhaseBar:
     """A tqdm line for a phase that has no natural progress (curate, optimize, apply)."""
 
@@ -112,10 +122,8 @@ class TrainLoop:
         return Artefact.model_validate(data) if data else None
 
     def _apply_mode(self) -> str:
-        """The apply mode the serving side runs in (a plan uses one for all its stages)."""
+        """The apply mode the serving side runs in (a plan uses one for all its stages: Plan checks it)."""
         modes = {stage.apply for stage in self.plan.stages} - {"none"}
-        if len(modes) > 1:
-            raise TrainError(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
         return modes.pop() if modes else "none"
 
     def _epoch_dir(self, epoch: int) -> Path:
@@ -123,6 +131,8 @@ class TrainLoop:
 
     def _claim_output(self) -> None:
         """Make the output folder this plan's: new, or a run of the same plan to continue."""
+        if self.output.exists() and not self.output.is_dir():
+            raise TrainError(f"output: {self.output} is a file; a run's output is a folder")
         self.output.mkdir(parents=True, exist_ok=True)
         (self.output / "serving").mkdir(exist_ok=True)
         saved = read_json(self.output / "plan.json", None)
@@ -337,6 +347,11 @@ class TrainLoop:
         if self.progress:
             print(f"{label}:", file=sys.stderr)
         summary = asyncio.run(collect())
+        if summary.get("failed") and not summary.get("rollouts"):
+            # Not recorded as done: a rerun once the stack is right collects again instead of finding nothing.
+            failures = summary.get("run", {}).get("failures")
+            raise TrainError(f"{label}: every rollout failed ({_counts(summary.get('status_counts'))}), e.g. "
+                             f"{_first_failure(failures)}; all causes in {failures}")
         keep = ("rollouts", "groups", "failed", "mean_reward", "reward_std", "status_counts")
         return {k: v for k, v in summary.items() if k in keep or k.startswith("pass@")}
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import format_location
 from .advantages import AdvantageConfig
+from .config_files import key_problems, read_mapping
 
 
 class _Strict(BaseModel):
@@ -87,27 +87,27 @@ class OrchestratorConfig(_Strict):
         return self.batch_size // self.rollouts_per_example
 
 
+def task_file_problem(path: str) -> str | None:
+    """What is wrong with a tasks JSONL file a config names, or None when it is a file."""
+    if Path(path).is_file():
+        return None
+    return f"{path} is a folder, not a tasks JSONL file" if Path(path).is_dir() else f"no such tasks file: {path}"
+
+
 def load_orchestrator_config(path: str | Path) -> OrchestratorConfig:
-    """An orchestrator config from YAML (or JSON); ValueError naming the file and the key at fault."""
-    import yaml
-
+    """An orchestrator config from YAML (or JSON), with its tasks files checked; ValueError naming the file
+    and the key at fault."""
     path = Path(path)
+    data = read_mapping(path, "orchestrator config", "batch_size, rollouts_per_example, envs")
     try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such orchestrator config") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read it: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: an orchestrator config is a mapping (batch_size, rollouts_per_example, envs, ...)")
-    try:
-        return OrchestratorConfig.model_validate(data)
+        config = OrchestratorConfig.model_validate(data)
     except ValidationError as exc:
-        raise ValueError("\n".join(
-            f"{path}: key '{format_location(error['loc']) if error['loc'] else '(top level)'}': "
-            f"{error['msg'].removeprefix('Value error, ')}" for error in exc.errors())) from None
+        raise ValueError(key_problems(path, exc)) from None
+    problems = [f"{path}: key 'envs[{i}].input': {problem}"
+                for i, env in enumerate(config.envs) if (problem := task_file_problem(env.input))]
+    if problems:
+        raise ValueError("\n".join(problems))
+    return config
 
 
-__all__ = ["DifficultySection", "EnvSection", "OrchestratorConfig", "load_orchestrator_config"]
+__all__ = ["DifficultySection", "EnvSection", "OrchestratorConfig", "load_orchestrator_config", "task_file_problem"]

@@ -33,14 +33,14 @@ Relative paths are relative to the current directory, as on the command line.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..errors import format_location
+from ..config import import_target
+from .config_files import key_problems, read_mapping
 from .curation import CurateConfig
-from .orchestrator_config import OrchestratorConfig
+from .orchestrator_config import OrchestratorConfig, task_file_problem
 from .trainers import BUILTIN, DATA_KIND
 
 
@@ -65,6 +65,10 @@ class StackSection(_Strict):
             raise ValueError("give either configs (start a stack) or registry_file (use a running one)")
         return self
 
+    def resolved_overrides(self, seed: int) -> list[str]:
+        """The overrides with "{seed}" replaced by the plan's seed (policy_model.seed={seed}: each seed samples anew)."""
+        return [item.replace("{seed}", str(seed)) for item in self.overrides]
+
 
 class CollectSection(_Strict):
     input: str = Field(description="task rows JSONL")
@@ -87,6 +91,11 @@ class OptimizeSection(_Strict):
             if self.adapter not in DATA_KIND:
                 raise ValueError("say what a custom adapter trains on: data: sft | preferences | groups")
             self.data = DATA_KIND[self.adapter]  # type: ignore[assignment]
+        if self.adapter not in BUILTIN:
+            try:  # a typo fails here, not after the first collection
+                import_target(self.adapter)
+            except ValueError as exc:
+                raise ValueError(f"adapter: {exc}") from None
         return self
 
 
@@ -141,6 +150,15 @@ class Plan(_Strict):
             raise ValueError(f"stage names must be distinct: {names}")
         if self.guard is not None and self.validation is None:
             raise ValueError("a guard needs a validation section (it compares validation rewards)")
+        modes = {stage.apply for stage in self.stages} - {"none"}
+        if len(modes) > 1:
+            raise ValueError(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
+        if "merged" in modes and self.stack.registry_file:
+            raise ValueError("apply: merged restarts the stack's servers on the merged GGUF, so it needs "
+                             "stack.configs; with stack.registry_file use apply: lora or none")
+        if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
+            raise ValueError("apply: merged serves GGUF files with the embedded model; base_model must be "
+                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
         return self
 
     def epochs(self) -> list[tuple[int, StageSection]]:
@@ -151,25 +169,78 @@ class Plan(_Strict):
         return out
 
 
-def load_plan(path: str | Path, overrides: dict[str, Any] | None = None) -> Plan:
-    """Read and validate a plan file; PlanError names the file and the key at fault."""
+def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Plan:
+    """Read and validate a plan file, with `overrides` ({"seed": 1, "stack.concurrency": 2}: dotted keys
+    reach into sections) applied; then check the files it names. PlanError names the file and the key."""
     path = Path(path)
-    if not path.is_file():
-        raise PlanError(f"{path}: no such plan file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise PlanError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: a plan is a mapping of keys (base_model, output, stack, stages, ...)")
-    data.update(overrides or {})
+        data = read_mapping(path, "plan", "base_model, output, stack, stages")
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    for key, value in (overrides or {}).items():
+        _override(data, key, value)
     try:
-        return Plan.model_validate(data)
+        plan = Plan.model_validate(data)
     except ValidationError as exc:
-        problems = [f"{path}: key '{format_location(error['loc']) if error['loc'] else '(top level)'}': "
-                    f"{error['msg'].removeprefix('Value error, ')}" for error in exc.errors()]
-        raise PlanError("\n".join(problems)) from None
+        def origin(key: str) -> str:
+            return next((f" (set by the override of {name!r})" for name in overrides or {}
+                         if key == name or key.startswith((f"{name}.", f"{name}[")) or name.startswith(f"{key}.")), "")
+
+        raise PlanError(key_problems(path, exc, origin)) from None
+    problems = [f"{path}: key '{key}': {message}" for key, message in file_problems(plan)]
+    if problems:
+        raise PlanError("\n".join(problems))
+    return plan
+
+
+def _override(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` ("seed", or "stack.concurrency" inside a section) of a plan's raw mapping to `value`."""
+    parts = key.split(".")
+    if not all(parts):
+        raise PlanError(f"override {key!r}: a key is a plan key, or section.key (e.g. seed, stack.concurrency)")
+    if parts[0] not in Plan.model_fields:
+        raise PlanError(f"override {key!r}: the plan has no key {parts[0]!r} (keys: {', '.join(Plan.model_fields)})")
+    node = data
+    for depth, part in enumerate(parts[:-1]):
+        if node.get(part) is None:
+            node[part] = {}
+        if not isinstance(node[part], dict):
+            raise PlanError(f"override {key!r}: '{'.'.join(parts[:depth + 1])}' is not a section of keys")
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def file_problems(plan: Plan) -> list[tuple[str, str]]:
+    """(key, what is wrong) for each file or folder the plan names that is missing or of the wrong kind,
+    so that a mistake is reported before a stack starts or the output folder is claimed."""
+    from ..client import load_registry_file
+    from ..config import ConfigError, load_stack
+
+    problems: list[tuple[str, str]] = []
+    output = Path(plan.output)
+    if output.exists() and not output.is_dir():
+        problems.append(("output", f"{output} is a file; a run's output is a folder"))
+    if plan.base_model.endswith(".gguf") and not Path(plan.base_model).is_file():
+        problems.append(("base_model", f"no such GGUF file: {plan.base_model}"))
+    inputs = [(f"stages[{i}].collect.input", stage.collect.input) for i, stage in enumerate(plan.stages)]
+    if plan.validation is not None:
+        inputs.append(("validation.input", plan.validation.input))
+    if plan.orchestrator is not None:
+        inputs += [(f"orchestrator.envs[{i}].input", env.input) for i, env in enumerate(plan.orchestrator.envs)]
+    problems += [(key, problem) for key, file in inputs if (problem := task_file_problem(file))]
+    stack = plan.stack
+    try:
+        if stack.registry_file:
+            servers = list(load_registry_file(stack.registry_file))
+        else:
+            servers = list(load_stack(stack.configs, stack.resolved_overrides(plan.seed)).servers)
+    except (ValueError, ConfigError) as exc:
+        problems.append(("stack.registry_file" if stack.registry_file else "stack", str(exc)))
+    else:
+        if stack.agent is not None and stack.agent not in servers:
+            problems.append(("stack.agent", f"the stack has no server named {stack.agent!r} ({', '.join(servers)})"))
+    return problems
 
 
 __all__ = ["CollectSection", "GuardSection", "OptimizeSection", "Plan", "PlanError", "StackSection", "StageSection",
-           "ValidationSection", "load_plan"]
+           "ValidationSection", "file_problems", "load_plan"]

@@ -41,6 +41,13 @@ def plot_history(history: list[dict[str, Any]], output: Path) -> Path:
     axes.set_ylim(-0.02, 1.02)
     axes.grid(alpha=0.3)
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize="small", frameon=False)
+    return save_figure(figure, output)
+
+
+def save_figure(figure: Any, output: Path) -> Path:
+    """Write a matplotlib figure to `output` atomically (a viewer never reads half a PNG) and close it."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.stem}.tmp{os.getpid()}.png")
@@ -50,4 +57,4 @@ def plot_history(history: list[dict[str, Any]], output: Path) -> Path:
     return output
 
 
-__all__ = ["plot_history"]
+__all__ = ["plot_history", "save_figure"]

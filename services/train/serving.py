@@ -19,10 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from ..adapters import publish
-from ..client import registry_from_json
+from ..client import load_registry_file
 from ..config import load_stack
 from ..stack.launcher import Stack
 from .plan import Plan
@@ -32,7 +30,7 @@ POLICY = "policy_model"  # the model server the agents of a stack name
 
 
 class ApplyError(RuntimeError):
-    """An artefact could not be applied; the message says which and why."""
+    """The policy could not be served or an artefact applied; the message says which and why."""
 
 
 class Serving:
@@ -54,10 +52,12 @@ class Serving:
     def start(self, model_path: str | None = None, timeout_s: float = 300.0) -> None:
         stack = self.plan.stack
         if not self.owns_stack:
-            self.registry = registry_from_json(orjson.loads(Path(stack.registry_file or "").read_bytes()))
+            try:
+                self.registry = load_registry_file(stack.registry_file or "")
+            except ValueError as exc:
+                raise ApplyError(f"stack.registry_file: {exc}") from None
             return
-        # "{seed}" in an override is the plan's seed (e.g. policy_model.seed={seed}: each seed samples anew).
-        overrides = [item.replace("{seed}", str(self.plan.seed)) for item in stack.overrides]
+        overrides = stack.resolved_overrides(self.plan.seed)
         if model_path is not None:
             overrides.append(f"{POLICY}.model_path={model_path}")
         self.stack = Stack(load_stack(stack.configs, overrides))
@@ -86,7 +86,10 @@ class Serving:
         from .gguf_export import write_merged_gguf
         from .policy import gguf_of
 
-        template = gguf_of(base_model)
+        try:
+            template = gguf_of(base_model)
+        except FileNotFoundError as exc:
+            raise ApplyError(str(exc)) from None
         if template is None:
             raise ApplyError("apply: merged serves GGUF files with the embedded model; base_model must be "
                              "'bundled' or a *.gguf file (use apply: lora with another model server)")

@@ -7,9 +7,10 @@ by reason and the mean policy lag of the rollouts used.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
+
+from .plot import save_figure
 
 
 def plot_steps(history: list[dict[str, Any]], output: Path) -> Path:
@@ -52,13 +53,7 @@ def plot_steps(history: list[dict[str, Any]], output: Path) -> Path:
     drops.legend(handles[0] + extra[0], handles[1] + extra[1], loc="upper right", fontsize="small")
     for axes in (rewards, waits, drops):
         axes.grid(alpha=0.3)
-    figure.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(f".{output.stem}.tmp{os.getpid()}.png")
-    figure.savefig(partial)
-    plt.close(figure)
-    partial.replace(output)
-    return output
+    return save_figure(figure, output)
 
 
 def _mean_lag(histogram: dict[str, int]) -> float:

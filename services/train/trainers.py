@@ -15,11 +15,12 @@ stops that step instead of dying with it.
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..config import import_target
 
 JobStatus = Literal["running", "succeeded", "failed", "cancelled"]
 
@@ -100,11 +101,11 @@ def import_path(name: str) -> str:
 
 def load_adapter(name: str, **kwargs: Any) -> Any:
     """An instance of the adapter class named `name` (a built-in name or "module:Class")."""
-    module_name, _, attribute = import_path(name).partition(":")
+    path = import_path(name)
     try:
-        factory = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"adapter {name!r}: cannot import {module_name}:{attribute}: {exc}") from None
+        factory = import_target(path)
+    except ValueError as exc:
+        raise ValueError(f"adapter {name!r}: {exc}") from None
     adapter = factory(**kwargs)
     if not isinstance(adapter, (Trainer, RemoteTrainer)):
         raise ValueError(f"adapter {name!r} has neither fit(dataset, config) nor submit(dataset, config)")

@@ -63,10 +63,10 @@ def test_adapter_names(tmp_path: Path) -> None:
     assert set(BUILTIN) == {"trl_sft", "trl_dpo", "trl_grpo"}
     with pytest.raises(ValueError, match="unknown adapter 'sft'"):
         load_adapter("sft")
-    with pytest.raises(ValueError, match="cannot import no_such_module:X"):
+    with pytest.raises(ValueError, match="cannot import 'no_such_module:X'"):
         load_adapter("no_such_module:X")
     with pytest.raises(ValueError, match=r"neither fit\(dataset, config\) nor submit"):
         load_adapter(f"{TOY}:NotATrainer")
     job = start(tmp_path, "no_such_module:X")  # the child reports it: the step fails, not the loop
-    with pytest.raises(TrainingFailed, match="cannot import no_such_module:X"):
+    with pytest.raises(TrainingFailed, match="cannot import 'no_such_module:X'"):
         job.wait(60)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -185,6 +186,25 @@ def test_a_failed_step_stops_with_its_cause(tmp_path: Path, registry_file: Path)
         "optimize": {"adapter": f"{TOY}:CountingTrainer", "data": "sft"}, "apply": "none"}])
     with pytest.raises(TrainError, match=r"nothing left to train on after curation \(\{'below_min_reward': 4\}\)"):
         TrainLoop(load_plan(nothing), progress=False).run()
+
+
+def test_a_collection_where_every_rollout_failed_is_not_recorded(tmp_path: Path, registry_file: Path) -> None:
+    """A stack that is down fails every rollout: the run stops with a cause, and once the stack is up
+    the same command collects again instead of finding an empty collection it took as done."""
+    live = registry_file.read_bytes()
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    registry_file.write_bytes(orjson.dumps({"policy_model": dead, "weather_agent": {"url": dead, "role": "agents"}}))
+    plan = make_plan(tmp_path, registry_file, validation=None, guard=None)
+    with pytest.raises(TrainError, match=r"epoch 1 collect: every rollout failed \(agent_error: 6\), e\.g\. .*"
+                                         r"connect.*; all causes in .*rollouts\.failures\.jsonl"):
+        TrainLoop(load_plan(plan), progress=False).run()
+    assert not (tmp_path / "run" / "epoch-001" / "phases.json").exists()
+    registry_file.write_bytes(live)
+    loop = TrainLoop(load_plan(plan), progress=False)
+    loop.run()
+    assert [line["train"]["rollouts"] for line in loop.history()] == [6, 6]
 
 
 def test_rollouts_of_another_version_are_excluded(tmp_path: Path, registry_file: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,17 @@ def test_overrides_replace_top_level_keys(tmp_path: Path) -> None:
     (lambda p: p.update(validation=None), r"a guard needs a validation section"),
     (lambda p: p["stages"][1].update(name="rs-sft"), r"stage names must be distinct"),
     (lambda p: p["stages"][0]["optimize"].update(adapter="mypkg.trainer:Remote"), r"say what a custom adapter trains on"),
+    (lambda p: p["stages"][0]["optimize"].update(adapter="no_such_module:Trainer", data="sft"),
+     r"key 'stages\[0\]\.optimize': adapter: cannot import 'no_such_module:Trainer': No module named"),
+    (lambda p: p["stages"][1]["collect"].update(input="no/such/tasks.jsonl"),
+     r"key 'stages\[1\]\.collect\.input': no such tasks file: no/such/tasks\.jsonl"),
+    (lambda p: p["validation"].update(input="resources_servers"),
+     r"key 'validation\.input': resources_servers is a folder, not a tasks JSONL file"),
+    (lambda p: p["stages"][1].update(apply="lora"), r"stages mix apply modes \['lora', 'merged'\]"),
+    (lambda p: p.update(base_model="Qwen/Qwen3-0.6B"), r"base_model must be 'bundled' or a \*\.gguf file"),
+    (lambda p: p.update(base_model="no/such/model.gguf"), r"key 'base_model': no such GGUF file: no/such/model\.gguf"),
+    (lambda p: p["stack"].update(configs=["no/such/config.yaml"]), r"key 'stack': config file not found"),
+    (lambda p: p["stack"].update(agent="weathr"), r"key 'stack\.agent': the stack has no server named 'weathr'"),
 ])
 def test_mistakes_name_the_key(tmp_path: Path, change, message: str) -> None:
     data = demo()
@@ -60,6 +73,10 @@ def test_mistakes_name_the_key(tmp_path: Path, change, message: str) -> None:
 def test_unreadable_plans(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="no such plan file"):
         load_plan(tmp_path / "missing.yaml")
+    with pytest.raises(PlanError, match="is a folder, not a plan file"):
+        load_plan(tmp_path)
+    with pytest.raises(PlanError, match="is empty; a plan is a mapping"):
+        load_plan(write(tmp_path, ""))
     with pytest.raises(PlanError, match="not valid YAML"):
         load_plan(write(tmp_path, "stages: [\n"))
     with pytest.raises(PlanError, match="a plan is a mapping"):
@@ -76,3 +93,83 @@ def test_cli_reports_plan_errors_without_a_traceback(tmp_path: Path, capsys: pyt
     assert "key 'stages[0].collect.repeats'" in err and "Traceback" not in err
     assert main(["train", str(DEMO), "seed"]) == 2
     assert "must look like KEY=VALUE" in capsys.readouterr().err
+
+
+def running_stack_plan(tmp_path: Path) -> dict:
+    """A plan on a running stack (registry_file), so that nothing starts while its mistakes are checked."""
+    (tmp_path / "stack.json").write_text('{"policy_model": "http://127.0.0.1:9", "agent": "http://127.0.0.1:9"}')
+    (tmp_path / "tasks.jsonl").write_text('{"responses_create_params": {"input": "hi"}}\n')
+    return {"output": str(tmp_path / "run"), "stack": {"registry_file": str(tmp_path / "stack.json")},
+            "stages": [{"name": "s", "collect": {"input": str(tmp_path / "tasks.jsonl")},
+                        "optimize": {"adapter": "trl_sft"}, "apply": "lora"}]}
+
+
+def test_files_are_checked_before_the_output_is_claimed(tmp_path: Path) -> None:
+    data = running_stack_plan(tmp_path)
+    assert load_plan(write(tmp_path, data)).stack.registry_file == str(tmp_path / "stack.json")
+    (tmp_path / "a-file").write_text("x")
+    cases = [
+        ({"output": str(tmp_path / "a-file")}, r"key 'output': .*a-file is a file; a run's output is a folder"),
+        ({"stack": {"registry_file": str(tmp_path / "none.json")}}, r"key 'stack\.registry_file': registry file "
+                                                                    r".*none\.json: no such file"),
+        ({"stack": {"registry_file": str(tmp_path / "a-file")}}, r"key 'stack\.registry_file': .*not valid JSON"),
+    ]
+    for change, message in cases:
+        with pytest.raises(PlanError, match=message):
+            load_plan(write(tmp_path, {**data, **change}))
+    data["stages"][0]["apply"] = "merged"
+    with pytest.raises(PlanError, match="apply: merged restarts the stack's servers .* needs stack.configs"):
+        load_plan(write(tmp_path, data))
+    assert not (tmp_path / "run").exists()
+
+
+def test_async_plans_check_their_tasks_files(tmp_path: Path) -> None:
+    data = yaml.safe_load((REPO_ROOT / "scripts/train/async.yaml").read_text())
+    data["orchestrator"]["envs"][0]["input"] = str(tmp_path / "missing.jsonl")
+    with pytest.raises(PlanError, match=r"key 'orchestrator\.envs\[0\]\.input': no such tasks file"):
+        load_plan(write(tmp_path, data))
+
+
+def test_overrides_reach_into_sections_and_name_themselves(tmp_path: Path) -> None:
+    plan = load_plan(DEMO, {"stack.concurrency": 3, "validation.limit": 2})
+    assert plan.stack.concurrency == 3 and plan.validation is not None and plan.validation.limit == 2
+    for overrides, message in [
+        ({"nope": 1}, r"override 'nope': the plan has no key 'nope' \(keys: base_model, output"),
+        ({"output.x": 1}, r"override 'output\.x': 'output' is not a section of keys"),
+        ({"stack..x": 1}, r"override 'stack\.\.x': a key is a plan key, or section\.key"),
+        ({"stack.concurency": 1}, r"key 'stack\.concurency': Extra inputs .* \(set by the override of "
+                                  r"'stack\.concurency'\)"),
+        ({"seed": "x"}, r"key 'seed': Input should be a valid integer.* \(set by the override of 'seed'\)"),
+    ]:
+        with pytest.raises(PlanError, match=message):
+            load_plan(DEMO, overrides)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollgym.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_commands_report_bad_input_in_one_line_with_exit_2(tmp_path: Path) -> None:
+    """What a user meets on the command line: the file and key at fault, exit 2, no traceback."""
+    plan = write(tmp_path, running_stack_plan(tmp_path))
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "orchestrator.yaml").write_text(
+        f"batch_size: 2\nrollouts_per_example: 2\nenvs: [{{name: e, input: {tmp_path / 'missing.jsonl'}}}]\n")
+    registry = str(tmp_path / "stack.json")
+    cases = [
+        (["train", str(plan), f"output={tmp_path / 'a-file'}"], "key 'output': "),
+        (["train", str(plan), "output=[a"], "'output=[a': the value is not valid YAML"),
+        (["train", str(plan), "stack.registry_file=nope.json"], "key 'stack.registry_file': registry file nope.json"),
+        (["train", str(tmp_path)], "is a folder, not a plan file"),
+        (["orchestrate", str(tmp_path / "orchestrator.yaml"), "--registry-file", registry, "--output", str(tmp_path)],
+         "key 'envs[0].input': no such tasks file"),
+        (["orchestrate", str(tmp_path / "orchestrator.yaml"), "--registry-file", registry, "--output",
+          str(tmp_path / "a-file")], "is a file; a run's output is a folder"),
+        (["orchestrate", str(tmp_path), "--registry-file", registry, "--output", str(tmp_path / "run")],
+         "is a folder, not an orchestrator config"),
+    ]
+    for args, message in cases:
+        result = run_cli(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "run").exists()
