@@ -58,6 +58,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             figures.append(f"train reward {train['mean_reward']:.3f}")
         if validation.get("mean_reward") is not None:
             figures.append(f"validation reward {validation['mean_reward']:.3f}")
+        if line.get("skipped"):
+            figures.append("no training step (nothing to learn from)")
         unit = "step" if "step" in line else "epoch"
         print(f"{unit} {line['epoch']:>2}  {line.get('stage') or 'base':<10} {line.get('model_version') or '-':<14} "
               + ", ".join(figures))

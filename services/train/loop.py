@@ -38,6 +38,11 @@ from .serving import Serving
 from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
 
 PHASES = ("collect", "curate", "optimize", "apply", "validate")
+# Curation drops that mean "these rollouts teach nothing" (every group solved or failed alike, no
+# success to imitate), not "these rollouts are unusable": an epoch left with only these trains no
+# step and keeps the served model, instead of stopping the run.
+NO_SIGNAL = frozenset({"below_min_reward", "zero_reward_spread", "low_reward_spread", "unpaired", "not_top_k",
+                       "curriculum", "duplicate_prompt", "tool_error"})
 
 
 class TrainError(RuntimeError):
@@ -242,17 +247,26 @@ class TrainLoop:
             try:
                 curated = curate(rollouts, stage.optimize.data or "sft", stage.curate, epoch=epoch - 1,
                                  version=version, group_size=repeats, stage=f"epoch {epoch} ({stage.name})")
-                if not curated.records:
+                dropped = curated.summary()["dropped"]
+                if not curated.records and not set(dropped) <= NO_SIGNAL:
                     raise CurationError(f"epoch {epoch} ({stage.name}): nothing left to train on after curation "
-                                        f"({curated.summary()['dropped']})")
+                                        f"({dropped})")
             except CurationError as exc:
                 bar.done(error="nothing to train on")
                 raise TrainError(str(exc)) from None
             with (folder / "curated.jsonl").open("wb") as handle:
                 for record in curated.records:
                     handle.write(orjson.dumps(record) + b"\n")
+            result = curated.summary()
+            if not curated.records:
+                result["skipped"] = f"nothing to learn from: the rollouts were usable, but {dropped}"
+                self.log(f"epoch {epoch} ({stage.name}): no training step: {result['skipped']}; the served "
+                         "model stays")
             bar.done(records=len(curated.records), dropped=sum(curated.dropped.values()))
-            finish("curate", curated.summary(), time.perf_counter() - t)
+            finish("curate", result, time.perf_counter() - t)
+        if phases["curate"].get("skipped"):
+            self._append_history(self._skipped_line(epoch, stage, phases))
+            return
 
         artefact = finished_artefact(folder / "train")  # a step that finished is never redone
         if artefact is None:
@@ -298,6 +312,21 @@ class TrainLoop:
             "wall_s_this_run": round(wall, 3),
         }
         self._append_history(line)
+
+    def _skipped_line(self, epoch: int, stage: StageSection, phases: dict[str, Any]) -> dict[str, Any]:
+        """The history line of an epoch whose data held no learning signal: no step, no new model."""
+        collected = phases["collect"]["summary"]
+        return {
+            "epoch": epoch, "stage": stage.name, "model_version": self.serving.version, "artefact": None,
+            "skipped": phases["curate"]["skipped"],
+            "train": {"mean_reward": collected.get("mean_reward"),
+                      **{k: v for k, v in collected.items() if k.startswith("pass@")},
+                      "rollouts": collected.get("rollouts"), "failed": collected.get("failed")},
+            "curated": {k: v for k, v in phases["curate"].items() if k not in ("s", "skipped")},
+            "validation": None, "guard": None,
+            "phases_s": {name: phases[name]["s"] for name in PHASES if name in phases},
+            "overhead_s": self._overhead(phases),
+        }
 
     def _overhead(self, phases: dict[str, Any]) -> float:
         """The loop's own seconds: everything but generation (collect, validate) and the trainer's
