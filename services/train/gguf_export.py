@@ -1,11 +1,12 @@
-"""Merged LoRA weights as an unquantized GGUF that the embedded llama.cpp model server can serve.
+"""Merged LoRA weights as a GGUF that the embedded llama.cpp model server can serve.
 
 The base GGUF is the template: its metadata (tokenizer, chat template, hyper-parameters) is copied,
 every tensor is dequantized with the `gguf` package (the same numbers transformers trains on), and
 each LoRA delta (scale · B·A, from PEFT) is added to the tensor it adapts. The result is F32, F16 or
-Q8_0: serving it means the sampling logprobs are those of the trainer's own weights, up to that
-rounding (docs/trainers.md, "The importance ratio on CPU"). Q8_0 is the fastest of the three on a
-CPU (llama.cpp reads half the bytes of F16 per token) and still close to the trainer's numbers.
+Q8_0: serving F32 or F16 means the sampling logprobs are those of the trainer's own weights, up to
+that rounding (docs/trainers.md, "The importance ratio on CPU"). Q8_0 generates about twice as
+fast as F16 on a CPU (half the bytes per token), but llama.cpp then rounds activations to 8 bits as
+well, which puts its logprobs as far from the trainer's as the bundled Q4_1 (~0.04 per token).
 
 llama.cpp stores the q and k projections of LLaMA models with their rows permuted for its RoPE
 layout (llama.cpp's convert_hf_to_gguf.py does it; transformers undoes it when it loads a GGUF), so

@@ -107,7 +107,7 @@ class StageSection(_Strict):
     optimize: OptimizeSection
     apply: Literal["lora", "merged", "none"] = Field(
         default="merged", description="lora: hot-load the adapter (POST /v1/load_lora_adapter); merged: serve the "
-                                      "merged weights as an unquantized GGUF (embedded model); none")
+                                      "merged weights as a GGUF of serve_dtype (embedded model); none")
 
 
 class ValidationSection(_Strict):

@@ -5,10 +5,11 @@
   the policy model; requests then select it with `model: version`. The exact `model_version` the
   replicas report for it (`name@N`, from `GET /v1/models`) is what every rollout must carry, so a
   rollout sampled before a reload of the same name is stale too.
-- `merged`: the embedded llama.cpp model serves the merged weights as an unquantized GGUF (written by
-  the trainer, `gguf_export.py`); applying restarts the stack's servers on that file. Its model name,
-  the file's stem, is the version the rollouts report. The base model is served the same way (an F16
-  copy of the bundled GGUF), so that what is sampled is what the trainer computes (docs/trainers.md).
+- `merged`: the embedded llama.cpp model serves the merged weights as a GGUF of the plan's
+  `serve_dtype` (written by the trainer, `gguf_export.py`); applying restarts the stack's servers on
+  that file. Its model name, the file's stem, is the version the rollouts report. The base model is
+  served the same way (a copy of the bundled GGUF in that precision), so that what is sampled is what
+  the trainer computes, up to that precision (docs/trainers.md).
 - `none`: the served model stays as it is.
 """
 
@@ -77,7 +78,7 @@ class Serving:
         return {"model": name} if name else {}
 
     def serve_base(self, mode: str, base_model: str) -> None:
-        """Start serving the base model; for `merged`, as an unquantized copy named policy-base."""
+        """Start serving the base model; for `merged`, as a `serve_dtype` copy named policy-base."""
         if mode != "merged":
             self.start()
             if mode == "lora":
