@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -24,14 +24,14 @@ def simple_agent(name: str, env: str, model_url: str, env_url: str) -> SimpleAge
 
 
 @contextmanager
-def scripted_stack(*backend_flags: str) -> Iterator[dict[str, ServerAddress]]:
+def scripted_stack(*backend_flags: str, **model_options: Any) -> Iterator[dict[str, ServerAddress]]:
     """A real in-process stack: the scripted backend (with token ids; `backend_flags` add e.g.
-    `--latency-ms`) behind chat_completions, and two agents, `reverse_text_agent` and
-    `weather_agent`; yields its registry."""
+    `--latency-ms`) behind chat_completions (`model_options`: more of its config, e.g. max_retries),
+    and two agents, `reverse_text_agent` and `weather_agent`; yields its registry."""
     with ExitStack() as stack:
         backend = stack.enter_context(scripted_backend("--token-info", *backend_flags))
-        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
-                                     name="policy_model")
+        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True,
+                                                           **model_options), name="policy_model")
         model_url = stack.enter_context(serve_in_thread(model))
         reverse_url = stack.enter_context(serve_in_thread(ReverseTextServer(name="reverse_text")))
         weather_url = stack.enter_context(serve_in_thread(WeatherServer(name="weather")))

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, ContextManager
 
 import orjson
 
-from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
-from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
-from resources_servers.reverse_text.app import ReverseTextServer
-from resources_servers.weather.app import WeatherServer
 from rollgym.client import ServerAddress
-from rollgym.testing import scripted_backend, serve_in_thread
+from tests.conftest import scripted_stack as shared_scripted_stack
 
 SYSTEM = "You reverse text. Reply with the reversed text only, nothing else."
 
@@ -42,29 +37,6 @@ def medium_rows(count: int, prefix: str = "m") -> list[dict[str, Any]]:
     return [reverse_row(f"{prefix}{i:03d}ab", f"{prefix}{i:03d}xy") for i in range(count)]
 
 
-def simple_agent(name: str, env: str, model_url: str, env_url: str) -> SimpleAgent:
-    return SimpleAgent(
-        SimpleAgentConfig(model_server={"name": "policy_model"}, resources_server={"name": env}), name=name,
-        registry={"policy_model": ServerAddress(url=model_url, role="models"),
-                  env: ServerAddress(url=env_url, role="resources_servers")},
-    )
-
-
-@contextmanager
-def scripted_stack(*backend_flags: str, model_retries: int = 3) -> Iterator[dict[str, ServerAddress]]:
-    """The scripted backend (with `backend_flags`) behind one model server, and two agents; yields the registry."""
-    with ExitStack() as exits:
-        backend = exits.enter_context(scripted_backend("--token-info", *backend_flags))
-        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True,
-                                                           max_retries=model_retries),
-                                     name="policy_model")
-        model_url = exits.enter_context(serve_in_thread(model))
-        reverse_url = exits.enter_context(serve_in_thread(ReverseTextServer(name="reverse_text")))
-        weather_url = exits.enter_context(serve_in_thread(WeatherServer(name="weather")))
-        yield {
-            "policy_model": ServerAddress(model_url, "models"),
-            "reverse_text_agent": ServerAddress(exits.enter_context(serve_in_thread(
-                simple_agent("reverse_text_agent", "reverse_text", model_url, reverse_url))), "agents"),
-            "weather_agent": ServerAddress(exits.enter_context(serve_in_thread(
-                simple_agent("weather_agent", "weather", model_url, weather_url))), "agents"),
-        }
+def scripted_stack(*backend_flags: str, model_retries: int = 3) -> ContextManager[dict[str, ServerAddress]]:
+    """tests/conftest.py's scripted stack, its model server retrying the backend `model_retries` times."""
+    return shared_scripted_stack(*backend_flags, max_retries=model_retries)
