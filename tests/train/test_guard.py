@@ -4,7 +4,6 @@ below the best is rolled back (the best weights are served again) and the plan s
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ if MISSING:
     pytest.skip(f"{MISSING} is not installed (pip install -e '.[train,llamacpp]')", allow_module_level=True)
 
 
-def test_guard_restores_the_best_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_guard_restores_the_best_model(tmp_path: Path, importable_toys: None) -> None:
     from rollgym.train.loop import TrainLoop
     from rollgym.train.plan import load_plan
     from rollgym.train.policy import bundled_gguf
@@ -28,7 +27,6 @@ def test_guard_restores_the_best_model(tmp_path: Path, monkeypatch: pytest.Monke
         bundled_gguf()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     tasks = str(REPO_ROOT / "resources_servers/reverse_text/data/example.jsonl")
     greedy = {"temperature": 0.0, "max_output_tokens": 12}
     plan = {

@@ -7,7 +7,6 @@ that trains nothing, so these tests cost seconds; the TRL trainers have their ow
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -30,9 +29,8 @@ TASKS = REPO_ROOT / "resources_servers/weather/data/example.jsonl"
 
 
 @pytest.fixture(autouse=True)
-def importable_toys(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The trainer's child process imports the toy adapters from the repository root."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+def toys(importable_toys: None) -> None:
+    """Every test here runs a toy adapter in a child process."""
 
 
 @pytest.fixture()

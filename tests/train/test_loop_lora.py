@@ -7,7 +7,6 @@ Each test has its own stack: loading adapters changes what the policy model serv
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -29,9 +28,8 @@ TASKS = REPO_ROOT / "resources_servers/weather/data/example.jsonl"
 
 
 @pytest.fixture(autouse=True)
-def importable_toys(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The trainer's child process imports the toy adapters from the repository root."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+def toys(importable_toys: None) -> None:
+    """Every test here runs a toy adapter in a child process."""
 
 
 @pytest.fixture()
