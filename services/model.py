@@ -160,6 +160,23 @@ def adapter_body(model: type[Any], payload: Any) -> Any:
         raise
 
 
+def sampling_record(payload: dict[str, Any], logprobs_mode: str) -> dict[str, Any]:
+    """What a request's tokens were sampled under (the OpenAI defaults where it says nothing), and
+    which distribution their logprobs belong to: what a trainer needs to compute the same logprobs."""
+    temperature = payload.get("temperature")
+    top_p = payload.get("top_p")
+    return {"temperature": 1.0 if temperature is None else float(temperature),
+            "top_p": 1.0 if top_p is None else float(top_p), "top_k": int(payload.get("top_k") or 0),
+            "logprobs": logprobs_mode}
+
+
+def stamp_sampling(output: list[dict[str, Any]], sampling: dict[str, Any]) -> None:
+    """Put `sampling` on every item that carries a model call's tokens."""
+    for item in output:
+        if isinstance(item, dict) and item.get("generation_token_ids") is not None:
+            item.setdefault("sampling", sampling)
+
+
 def build_response(
     payload: dict[str, Any],
     output: list[dict[str, Any]],
@@ -169,12 +186,17 @@ def build_response(
     status: str = "completed",
     incomplete_details: dict[str, Any] | None = None,
     model_version: str | None = None,
+    logprobs_mode: str | None = None,
 ) -> dict[str, Any]:
     """A Responses API response (as JSON) for a request `payload` and the generated `output` items.
 
-    `model_version` (the weights that generated them) goes on the response and on every item."""
+    `model_version` (the weights that generated them) goes on the response and on every item; with
+    `logprobs_mode` ("raw": before temperature and truncation, vLLM's default; "processed": of the
+    distribution sampled from), every item with tokens records what they were sampled under."""
     usage = usage or {}
     stamp_version(output, model_version)
+    if logprobs_mode is not None:
+        stamp_sampling(output, sampling_record(payload, logprobs_mode))
     input_tokens = int(usage.get("input_tokens", 0))
     output_tokens = int(usage.get("output_tokens", 0))
     input_details = usage.get("input_tokens_details") or {}

@@ -35,6 +35,10 @@ class TokenFields(BaseModel):
     generation_log_probs: list[float] | None = None
     # Which weights produced the tokens, for off-policy trainers; set by servers that know it.
     model_version: str | None = None
+    # What they were sampled under: temperature, top_p, top_k, and `logprobs` "raw" | "processed".
+    sampling: dict[str, Any] | None = None
+    # 1 where a grammar (a forced tool call) admitted no other token.
+    generation_forced: list[int] | None = None
 
     @model_validator(mode="after")
     def _all_or_none(self) -> "TokenFields":
@@ -187,6 +191,8 @@ class Sequence(BaseModel):
     completion_logprobs: list[float]
     # One entry per model call merged into this sequence, when the model server reports versions.
     model_versions: list[str | None] | None = None
+    # 1 where a grammar forced the token (not sampled: out of the policy loss), when the server reports it.
+    completion_forced: list[int] | None = None
     # Set by agents whose rollouts branch into several sequences: whether this one's turns extend each other.
     prefix_ok: bool | None = None
 

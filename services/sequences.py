@@ -27,6 +27,7 @@ class TokenRecord:
     generation: list[int]
     logprobs: list[float]
     model_version: str | None = None
+    forced: list[int] | None = None  # 1 where a grammar admitted no other token (`generation_forced`)
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -49,7 +50,9 @@ def token_record(item: Any) -> TokenRecord | None:
     except (TypeError, ValueError):
         return None
     version = item.get("model_version")
-    return TokenRecord(list(prompt), list(generation), values, str(version) if version is not None else None)
+    forced = _int_list(item.get("generation_forced"))
+    return TokenRecord(list(prompt), list(generation), values, str(version) if version is not None else None,
+                       forced if forced is not None and len(forced) == len(generation) else None)
 
 
 def previous_turn(payload: dict[str, Any], system_role: str = "system") -> tuple[TokenRecord, list[dict[str, Any]]] | None:
@@ -84,7 +87,9 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
     Returns (sequences, prefix_ok): each sequence has prompt_ids, completion_ids, completion_mask
     (1 = sampled by the model, 0 = added by the environment) and completion_logprobs (0.0 where
     masked); when any model call reported a `model_version`, also `model_versions` (one entry per
-    model call merged into that sequence, in order, None where a call reported none). prefix_ok is
+    model call merged into that sequence, in order, None where a call reported none); when any
+    reported which tokens a grammar forced, also `completion_forced` (1 = forced, not sampled; 0 for
+    environment tokens and calls that reported nothing). prefix_ok is
     None when no item carried tokens, False when any turn failed to extend the tokens before it.
     Malformed token records are skipped; this never raises on odd input.
     """
@@ -92,6 +97,7 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
     if not records:
         return [], None
     with_versions = any(r.model_version is not None for r in records)
+    with_forced = any(r.forced is not None for r in records)
     sequences: list[dict[str, list]] = []
     prefix_ok = True
     current: dict[str, list] | None = None
@@ -108,6 +114,8 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
                 current["completion_logprobs"].extend(record.logprobs)
                 if with_versions:
                     current["model_versions"].append(record.model_version)
+                if with_forced:
+                    current["completion_forced"].extend([0] * len(added) + (record.forced or [0] * len(record.generation)))
                 continue
             prefix_ok = False
         current = {
@@ -118,6 +126,8 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
         }
         if with_versions:
             current["model_versions"] = [record.model_version]
+        if with_forced:
+            current["completion_forced"] = list(record.forced or [0] * len(record.generation))
         sequences.append(current)
     return sequences, prefix_ok
 

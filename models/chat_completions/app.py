@@ -65,6 +65,9 @@ class ChatCompletionsConfig(ServerConfig):
     default_max_output_tokens: int | None = Field(
         default=None, ge=1, description="max_tokens of token-id completions when the request gives none (null: the rest of the context)")
     model_version: str | None = Field(default=None, description="reported on every generated item (else the backend's)")
+    logprobs_mode: Literal["raw", "processed"] = Field(
+        default="raw", description="which logprobs the backend returns, recorded on every item: vLLM's --logprobs-mode "
+                                   "raw_logprobs (its default: before temperature and top-p) or processed_logprobs")
     backend_cooldown_s: float = Field(default=10.0, gt=0, description="how long a failed backend gets no traffic")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra keys for every backend request")
 
@@ -170,7 +173,8 @@ class ChatCompletionsModel(ModelServer):
         if turn.tokens is not None:
             output[-1].update(turn.tokens)
         return build_response(payload, output, model=adapter.name if adapter else self.config.model, usage=turn.usage,
-                              status=turn.status, incomplete_details=turn.incomplete_details, model_version=version)
+                              status=turn.status, incomplete_details=turn.incomplete_details, model_version=version,
+                              logprobs_mode=self.config.logprobs_mode)
 
     async def _generate(self, backend: Backend, payload: dict[str, Any], chat_request: dict[str, Any],
                         previous: tuple[TokenRecord, list[dict[str, Any]]] | None) -> Turn:

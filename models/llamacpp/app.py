@@ -20,7 +20,7 @@ import asyncio
 import secrets
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from pydantic import Field
@@ -44,6 +44,9 @@ class LlamaCppConfig(ServerConfig):
     n_threads: int | None = Field(default=None, ge=1, description="default: all cores")
     seed: int = 0
     default_max_output_tokens: int = Field(default=256, ge=1)
+    logprobs_mode: Literal["processed", "raw"] = Field(
+        default="processed", description="processed: logprobs of the distribution sampled from (temperature, top-p), "
+                                         "what RL trains against; raw: of the model's logits, vLLM's default")
 
 
 class LlamaCppModel(ModelServer):
@@ -100,7 +103,7 @@ class LlamaCppModel(ModelServer):
             raise BadRequest(str(exc), field=exc.field) from None
         try:
             result = await self.queue.submit(
-                **self._sampling(chat),
+                **self._sampling(chat), logprobs_mode=self.config.logprobs_mode,
                 prefix=(previous[0].prompt, previous[0].generation) if previous else None,
                 prefix_message_index=len(previous[1]) - 1 if previous else None,
                 lora=adapter.handle if adapter else None,
@@ -117,7 +120,12 @@ class LlamaCppModel(ModelServer):
         return build_response(payload, output, model=model, usage=usage,
                               status="incomplete" if incomplete else "completed",
                               incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-                              model_version=version)
+                              model_version=version, logprobs_mode=self._logprobs_mode(chat))
+
+    def _logprobs_mode(self, chat: dict[str, Any]) -> str:
+        """Greedy decoding has no sampled distribution: its logprobs stay raw."""
+        greedy = chat.get("temperature") is not None and float(chat["temperature"]) <= 0
+        return "raw" if greedy else self.config.logprobs_mode
 
     async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
         adapter = self.adapter_for(payload)
@@ -201,6 +209,8 @@ def output_items(result: GenerationResult) -> list[dict[str, Any]]:
                       "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]})
     items[-1].update(prompt_token_ids=result.prompt_token_ids, generation_token_ids=result.generation_token_ids,
                      generation_log_probs=result.generation_log_probs)
+    if result.generation_forced is not None:
+        items[-1]["generation_forced"] = result.generation_forced
     return items
 
 

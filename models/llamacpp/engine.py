@@ -27,6 +27,7 @@ which owns the single thread allowed to touch the model.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import random
@@ -98,6 +99,8 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    # 1 where a grammar (a forced tool call) admitted no other token: not sampled, not to be trained on.
+    generation_forced: list[int] | None = None
 
 
 def bundled_model_path() -> str:
@@ -120,6 +123,57 @@ def bundled_model_path() -> str:
 
 
 # --------------------------------------------------------------------------- engine
+
+
+class ForcedTokens:
+    """Which generated tokens a grammar left no choice for. A second grammar sampler is fed the same
+    tokens; before each, it masks a full-vocabulary candidate array (llama.cpp sets the logit of
+    every rejected token to -inf), and a step with one admissible token was forced."""
+
+    CELL = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+
+    def __init__(self, sampler: Any, n_vocab: int, excluded: np.ndarray) -> None:
+        self.sampler = sampler
+        self.cells = (llama_cpp.llama_token_data * n_vocab)()
+        self.view = np.frombuffer(self.cells, dtype=self.CELL)
+        self.view["id"] = np.arange(n_vocab, dtype=np.int32)
+        self.n_vocab = n_vocab
+        self.excluded = excluded
+        self.array = llama_cpp.llama_token_data_array(data=self.cells, size=n_vocab, selected=-1, sorted=False)
+
+    def forced(self, token: int) -> int:
+        """1 when `token` was the only one the grammar (and the end-of-turn rule) admitted here."""
+        logits = self.view["logit"]
+        logits.fill(0.0)
+        logits[self.excluded] = -np.inf
+        self.array.size, self.array.selected, self.array.sorted = self.n_vocab, -1, False
+        llama_cpp.llama_sampler_apply(self.sampler, ctypes.byref(self.array))
+        admissible = int(np.count_nonzero(np.isfinite(logits[: self.array.size])))
+        llama_cpp.llama_sampler_accept(self.sampler, token)
+        return int(admissible == 1)
+
+    def close(self) -> None:
+        llama_cpp.llama_sampler_free(self.sampler)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max())
+    return shifted / shifted.sum()
+
+
+def processed_logprob(row: np.ndarray, token: int, temperature: float, top_p: float) -> float:
+    """The logprob of `token` under the distribution sampled from, in the order llama-cpp-python's
+    sampler chain applies the two: the top-p nucleus of the model's distribution (the fewest likeliest
+    tokens whose mass reaches top_p), then softmax(logits / temperature) renormalised over it.
+    Ignores a grammar's mask: forced tokens are the trainer's to mask."""
+    logits = row.astype(np.float64)
+    probs = _softmax(logits / temperature)
+    if top_p < 1.0:
+        raw = _softmax(logits)
+        order = np.argsort(-raw)
+        kept = order[: int(np.searchsorted(np.cumsum(raw[order]), top_p) + 1)]
+        return float(np.log(max(probs[token], 1e-45) / probs[kept].sum()))
+    return float(np.log(max(probs[token], 1e-45)))
 
 
 class LlamaEngine:
@@ -324,6 +378,7 @@ class LlamaEngine:
         ignore_eos: bool = False,
         cancel_event: threading.Event | None = None,
         lora: Any = None,
+        logprobs_mode: str = "raw",
     ) -> GenerationResult:
         """Generate one assistant turn for OpenAI chat ``messages``.
 
@@ -338,7 +393,9 @@ class LlamaEngine:
         Out: :class:`GenerationResult`. Generated ids include the end-of-turn token
         when the model produced one, and the tokens of a matched stop string (the
         text is cut before it). Logprobs are log-softmax of the RAW logits (before
-        temperature / top-p / grammar masking), as vLLM reports by default.
+        temperature / top-p / grammar masking), as vLLM reports by default; with
+        ``logprobs_mode="processed"`` those of the distribution sampled from: logits / temperature,
+        renormalised over the top-p nucleus (:func:`processed_logprob`; greedy stays raw).
         Raises ContextLengthError when the prompt leaves no room to generate,
         ValueError for an invalid tool_choice.
         """
@@ -359,6 +416,7 @@ class LlamaEngine:
                 ignore_eos,
                 cancel_event,
                 lora,
+                logprobs_mode,
             )
         finally:
             self._busy.release()
@@ -378,6 +436,7 @@ class LlamaEngine:
         ignore_eos: bool,
         cancel_event: threading.Event | None,
         lora: Any = None,
+        logprobs_mode: str = "raw",
     ) -> GenerationResult:
         """Body of :meth:`generate` (holding the busy lock)."""
         prompt_tools, forced_tools = self._resolve_tool_choice(tools, tool_choice)
@@ -386,15 +445,16 @@ class LlamaEngine:
             raise ContextLengthError(len(prompt_ids), self.n_ctx)
         room = self.n_ctx - len(prompt_ids)
         limit = room if max_tokens is None else max(0, min(max_tokens, room))
-        grammar = self._tool_grammar(forced_tools) if forced_tools else None
+        grammar, grammar_text = self._tool_grammar(forced_tools) if forced_tools else (None, None)
         if seed is None:
             seed = self._rng.getrandbits(31)
         stops = [stop] if isinstance(stop, str) else [s for s in (stop or []) if s]
         self.loras.activate(lora)
         cached = self._cached_prefix_length(prompt_ids)
 
-        ids, logprobs, text, finish_reason = self._sample(
-            prompt_ids, limit, temperature, top_p, seed, stops, grammar, ignore_eos, cancel_event
+        ids, logprobs, text, finish_reason, forced = self._sample(
+            prompt_ids, limit, temperature, top_p, seed, stops, grammar, ignore_eos, cancel_event,
+            processed=logprobs_mode == "processed" and temperature > 0, grammar_text=grammar_text,
         )
 
         tool_calls: list[dict[str, Any]] = []
@@ -410,6 +470,7 @@ class LlamaEngine:
             prompt_token_ids=prompt_ids,
             generation_token_ids=ids,
             generation_log_probs=logprobs,
+            generation_forced=forced,
             prefix_ok=prefix_ok,
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(ids),
@@ -439,8 +500,8 @@ class LlamaEngine:
             return tools, named
         raise ValueError(f"invalid tool_choice {tool_choice!r}")
 
-    def _tool_grammar(self, tools: Sequence[Mapping[str, Any]]) -> LlamaGrammar:
-        """Compile the forcing grammar for ``tools``; ValueError if llama.cpp rejects it.
+    def _tool_grammar(self, tools: Sequence[Mapping[str, Any]]) -> tuple[LlamaGrammar, str]:
+        """Compile the forcing grammar for ``tools`` (and return its text); ValueError if llama.cpp rejects it.
 
         Checked here because llama-cpp-python would add a NULL sampler to its chain
         (and crash) on a grammar llama.cpp cannot parse.
@@ -453,7 +514,7 @@ class LlamaEngine:
         if not probe:
             raise ValueError("llama.cpp rejected the grammar built from the tool parameters")
         llama_cpp.llama_sampler_free(probe)
-        return LlamaGrammar.from_string(text)
+        return LlamaGrammar.from_string(text), text
 
     def _cached_prefix_length(self, prompt_ids: Sequence[int]) -> int:
         """Prompt tokens llama-cpp-python will reuse from its KV cache.
@@ -485,10 +546,13 @@ class LlamaEngine:
         grammar: LlamaGrammar | None,
         ignore_eos: bool,
         cancel_event: threading.Event | None,
-    ) -> tuple[list[int], list[float], str, str]:
-        """Token loop: returns (generated ids, raw logprobs, text, finish_reason)."""
+        processed: bool = False,
+        grammar_text: str | None = None,
+    ) -> tuple[list[int], list[float], str, str, list[int] | None]:
+        """Token loop: returns (generated ids, raw or processed logprobs, text, finish_reason, and under
+        a grammar, which tokens it forced)."""
         if limit <= 0:
-            return [], [], "", "length"
+            return [], [], "", "length", [] if grammar is not None else None
         llama = self._llama
         llama.set_seed(seed & 0x7FFFFFFF)  # the sampler chain built by generate() seeds from it
         processors = None
@@ -504,6 +568,12 @@ class LlamaEngine:
                 return logits
 
             processors = llama_cpp.LogitsProcessorList([only_end_of_turn])
+        checker = None
+        if grammar is not None and grammar_text is not None:
+            excluded = np.array(sorted(self.eog_token_ids - {self.end_of_turn_id}), dtype=np.intp)
+            checker = ForcedTokens(llama_cpp.llama_sampler_init_grammar(self._vocab, grammar_text.encode("utf-8"),
+                                                                       b"root"), self.n_vocab, excluded)
+        forced: list[int] | None = [] if checker is not None else None
         # reset=True is what enables KV-cache reuse: generate() keeps the longest common
         # prefix of the cached ids and the prompt and decodes only the remainder
         # (reset=False would append the whole prompt after the cached tokens).
@@ -540,12 +610,17 @@ class LlamaEngine:
                 # NO temperature, NO top-p renormalisation and NO grammar mask applied.
                 # log_softmax(row)[token] = row[token] - max - log(sum(exp(row - max))),
                 # in place in a reused buffer: ~0.1 ms/token, 1-2 % of a decode step.
-                peak = row.max()
-                np.subtract(row, peak, out=scratch)
-                np.exp(scratch, out=scratch)
-                log_norm = float(peak) + float(np.log(scratch.sum()))
-                logprobs.append(min(0.0, float(row[token]) - log_norm))
+                if processed:
+                    logprobs.append(processed_logprob(row, token, temperature, top_p))
+                else:
+                    peak = row.max()
+                    np.subtract(row, peak, out=scratch)
+                    np.exp(scratch, out=scratch)
+                    log_norm = float(peak) + float(np.log(scratch.sum()))
+                    logprobs.append(min(0.0, float(row[token]) - log_norm))
                 ids.append(token)
+                if checker is not None and forced is not None:
+                    forced.append(checker.forced(token))
                 if token in self.eog_token_ids and not ignore_eos:
                     finish_reason = "stop"
                     break
@@ -565,6 +640,8 @@ class LlamaEngine:
                     break
         finally:
             stream.close()
+            if checker is not None:
+                checker.close()
         # Text excludes end-of-generation tokens, and a matched stop string and what follows it.
         text = llama.detokenize([t for t in ids if t not in self.eog_token_ids]) if cut is None else text[:cut]
-        return ids, logprobs, text.decode("utf-8", errors="replace"), finish_reason
+        return ids, logprobs, text.decode("utf-8", errors="replace"), finish_reason, forced

@@ -29,6 +29,20 @@ def test_turns_that_extend_merge_into_one_sequence_with_versions() -> None:
     Sequence.model_validate(sequences[0])
 
 
+def test_grammar_forced_tokens_are_carried_into_the_sequence() -> None:
+    forced = {**item([1, 2], [3, 4, 5]), "generation_forced": [1, 0, 1]}
+    items = [forced, item([1, 2, 3, 4, 5, 9], [6])]
+    sequences, prefix_ok = merge_sequences(items)
+    assert prefix_ok is True
+    # Environment tokens and a call that reported nothing are 0: only what a grammar forced is 1.
+    assert sequences[0]["completion_forced"] == [1, 0, 1, 0, 0]
+    assert sequences[0]["completion_mask"] == [1, 1, 1, 0, 1]
+    Sequence.model_validate(sequences[0])
+    assert "completion_forced" not in merge_sequences([item([1], [2])])[0][0]
+    # A list of the wrong length is not trusted.
+    assert "completion_forced" not in merge_sequences([{**item([1], [2, 3]), "generation_forced": [1]}])[0][0]
+
+
 def test_drift_starts_a_new_sequence() -> None:
     sequences, prefix_ok = merge_sequences([item([1, 2], [3, 4]), item([1, 2, 7, 9], [5])])
     assert prefix_ok is False

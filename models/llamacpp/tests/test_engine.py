@@ -123,6 +123,58 @@ def test_logprobs_are_raw_model_logprobs(engine: LlamaEngine) -> None:
     assert result.generation_log_probs == pytest.approx(expected, abs=1e-4)
 
 
+def test_processed_logprobs_are_those_of_the_sampled_distribution(engine: LlamaEngine) -> None:
+    """logprobs_mode="processed": log-softmax of logits / temperature, renormalised over the top-p
+    nucleus of the model's distribution (every sampled token is in it); the same seed samples the
+    same tokens as in raw mode."""
+    import llama_cpp
+    import numpy as np
+
+    messages = [{"role": "user", "content": "Write a haiku about the sea."}]
+    reference = llama_cpp.Llama(model_path=engine.model_path, n_ctx=512, n_threads=1, logits_all=True, verbose=False)
+    for top_p in (1.0, 0.9):
+        engine.reset_cache()
+        raw = engine.generate(messages, max_tokens=10, temperature=0.7, top_p=top_p, seed=11)
+        engine.reset_cache()
+        result = engine.generate(messages, max_tokens=10, temperature=0.7, top_p=top_p, seed=11,
+                                 logprobs_mode="processed")
+        assert result.generation_token_ids == raw.generation_token_ids
+        reference.reset()
+        reference.eval(result.prompt_token_ids)
+        for token in result.generation_token_ids[:-1]:
+            reference.eval([token])
+        start = result.prompt_tokens - 1
+        expected = []
+        for i, token in enumerate(result.generation_token_ids):
+            logits = np.asarray(reference.scores[start + i], dtype=np.float64)
+            raw_probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+            probs = np.exp(logits / 0.7 - (logits / 0.7).max())
+            probs /= probs.sum()
+            # llama.cpp's chain: the nucleus of the model's own distribution, then the temperature.
+            order = np.argsort(-raw_probs)
+            kept = order[: int(np.searchsorted(np.cumsum(raw_probs[order]), top_p) + 1)] if top_p < 1 else order
+            assert token in kept
+            expected.append(float(np.log(probs[token] / probs[kept].sum())))
+        assert result.generation_log_probs == pytest.approx(expected, abs=1e-3)
+        if top_p == 1.0:  # at T < 1 the sampled tokens are likelier than under the raw logits
+            assert sum(result.generation_log_probs) > sum(raw.generation_log_probs)
+
+
+def test_a_forced_tool_call_says_which_tokens_the_grammar_forced(engine: LlamaEngine) -> None:
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    forced = engine.generate(messages, tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {
+        "name": "get_weather"}}, max_tokens=48, temperature=1.0, seed=3)
+    assert forced.finish_reason == "tool_calls" and forced.generation_forced is not None
+    assert len(forced.generation_forced) == len(forced.generation_token_ids)
+    pieces = [engine.detokenize([t]) for t in forced.generation_token_ids]
+    marked = {piece for piece, flag in zip(pieces, forced.generation_forced) if flag}
+    # The end of turn after a complete call is the only token the grammar (and the end-of-turn rule) admits.
+    assert forced.generation_forced[-1] == 1 and forced.generation_token_ids[-1] == engine.end_of_turn_id
+    assert 0 < sum(forced.generation_forced) < len(pieces), marked
+    free = engine.generate(messages, tools=[WEATHER_TOOL], max_tokens=8, temperature=1.0, seed=3)
+    assert free.generation_forced is None  # no grammar: every token was sampled
+
+
 def test_stop_string_cuts_text_but_keeps_tokens(engine: LlamaEngine) -> None:
     messages = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
     result = engine.generate(messages, max_tokens=40, temperature=0.0, stop=["5"])
