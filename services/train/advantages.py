@@ -2,8 +2,9 @@
 
 Built-in kinds (`AdvantageConfig.type`):
 
-- `mean`: `r_i - mean(r)`;
+- `mean`: `r_i - mean(r)` (Dr. GRPO: no division by the spread);
 - `normalized`: `(r_i - mean(r)) / (std(r) + epsilon)` (group-normalised, as in GRPO);
+- `rloo`: `r_i - mean_{j≠i}(r_j)` (REINFORCE leave-one-out: the baseline excludes the rollout itself);
 - `length_weighted`: `r_i - sum(len_j * r_j) / sum(len_j)`: the baseline is the token-weighted mean,
   so a long rollout moves the baseline more than a short one;
 - `custom`: the function at `import_path` (`package.module:function`), called as
@@ -28,7 +29,7 @@ AdvantageFunction = Callable[..., Sequence[float]]
 class AdvantageConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["mean", "normalized", "length_weighted", "custom"] = "normalized"
+    type: Literal["mean", "normalized", "rloo", "length_weighted", "custom"] = "normalized"
     import_path: str | None = Field(default=None, description="custom only: 'package.module:function'")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="custom only: passed to the function")
     epsilon: float = Field(default=1e-6, gt=0, description="normalized only: added to the group's std")
@@ -56,8 +57,11 @@ def load_function(import_path: str) -> AdvantageFunction:
 def completion_length(rollout: Mapping[str, Any]) -> int:
     """Tokens the policy generated in a rollout (0 when the rollout says nothing about tokens)."""
     sequences = rollout.get("sequences")
-    if isinstance(sequences, Mapping) and isinstance(sequences.get("completion_mask"), list):
-        return sum(1 for bit in sequences["completion_mask"] if bit)
+    if isinstance(sequences, Mapping):  # one sequence given as an object
+        sequences = [sequences]
+    if isinstance(sequences, list) and sequences and all(
+            isinstance(s, Mapping) and isinstance(s.get("completion_mask"), list) for s in sequences):
+        return sum(1 for s in sequences for bit in s["completion_mask"] if bit)
     metrics = rollout.get("metrics")
     if isinstance(metrics, Mapping):
         return int(metrics.get("output_tokens") or 0)
@@ -73,6 +77,11 @@ def group_advantages(rewards: Sequence[float], lengths: Sequence[int], config: A
     mean = sum(rewards) / len(rewards)
     if config.type == "mean":
         return [r - mean for r in rewards]
+    if config.type == "rloo":
+        if len(rewards) < 2:
+            return [0.0]
+        total = sum(rewards)
+        return [r - (total - r) / (len(rewards) - 1) for r in rewards]
     if config.type == "normalized":
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
         return [(r - mean) / (std + config.epsilon) for r in rewards]

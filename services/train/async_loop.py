@@ -32,10 +32,11 @@ from typing import Any
 import orjson
 
 from .curation import CurateConfig, CurationError, curate
-from .jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
-from .loop import TrainError, TrainLoop, read_json, write_json
+from .jobs import finished_artefact
+from .loop import TrainError, TrainLoop, read_json
+from .plan import RL_ADAPTERS, trainer_args
 from .orchestrator import Orchestrator, OrchestratorError
-from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
+from .trainers import Artefact, TrainConfig, TrainingFailed
 
 
 class AsyncTrainLoop(TrainLoop):
@@ -65,6 +66,7 @@ class AsyncTrainLoop(TrainLoop):
             except OrchestratorError as exc:
                 raise TrainError(f"orchestrator: {exc}") from None
         finally:
+            self.close_trainers()
             self.serving.stop()
         return self.state
 
@@ -129,8 +131,10 @@ class AsyncTrainLoop(TrainLoop):
         how many records there are to train on."""
         assert self.plan.orchestrator is not None and self.plan.optimize is not None
         try:
+            # The batch's advantages are the orchestrator's (its `advantage` setting): kept, never recomputed.
             curated = curate(rollouts, self.plan.optimize.data or "groups", CurateConfig(),
-                             group_size=self.plan.orchestrator.rollouts_per_example, stage=folder.name)
+                             group_size=self.plan.orchestrator.rollouts_per_example, stage=folder.name,
+                             keep_advantages=True)
         except CurationError as exc:
             raise TrainError(str(exc)) from None
         with (folder / "curated.jsonl").open("wb") as handle:
@@ -141,21 +145,14 @@ class AsyncTrainLoop(TrainLoop):
     def _train_step(self, step: int, folder: Path, previous: Artefact | None) -> Artefact:
         optimize = self.plan.optimize
         assert optimize is not None
+        seed = self.plan.seed if optimize.adapter in RL_ADAPTERS else self.plan.seed + step
         config = TrainConfig(base_model=self.plan.base_model, output_dir=str(folder / "train"),
                              version=f"policy-s{step:03d}", init_adapter=previous.uri if previous else None,
-                             seed=self.plan.seed + step, args=optimize.args)
+                             seed=seed, args=trainer_args(self.plan, optimize), run_dir=str(self.output))
         try:
-            instance = None if ":" not in optimize.adapter else load_adapter(optimize.adapter)
-            if isinstance(instance, RemoteTrainer):
-                job = instance.submit(folder / "curated.jsonl", config)
-            else:
-                job = SubprocessJob.start(optimize.adapter, folder / "curated.jsonl", config)
-            artefact = job.wait()
+            return self.train(optimize.adapter, folder / "curated.jsonl", config)
         except (TrainingFailed, ValueError) as exc:
             raise TrainError(f"step {step} optimize with {optimize.adapter}: {exc}") from None
-        # A remote trainer's job leaves nothing here: record it, so a resumed run does not train it again.
-        write_json(folder / "train" / ARTEFACT_FILE, artefact.model_dump())
-        return artefact
 
     def _plot_steps(self) -> None:
         try:

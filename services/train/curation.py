@@ -21,6 +21,7 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..data.curriculum import CurriculumConfig, select_groups
+from .advantages import AdvantageConfig, completion_length, group_advantages
 from ..data.export import (
     TOLERANCE, RolloutError, dpo_candidate, dpo_pairs, grpo_keeps, grpo_member, grpo_record, natural_key,
     prompt_messages, rollout_messages,
@@ -46,6 +47,8 @@ class CurateConfig(BaseModel):
     min_reward_spread: float = Field(default=0.0, ge=0.0, description="drop groups whose max-min reward is below this")
     curriculum: CurriculumConfig | None = Field(default=None, description="the curriculum, evaluated per epoch")
     min_pair_diff: float = Field(default=0.1, ge=0.0, description="preferences: least reward gap of a pair")
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig,
+                                       description="groups: the advantages the trainer uses as they are")
 
 
 @dataclass
@@ -121,11 +124,14 @@ def _by_group(rollouts: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, An
 
 
 def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig, *, epoch: int = 0,
-           version: str | None = None, group_size: int | None = None, stage: str = "stage") -> Curated:
+           version: str | None = None, group_size: int | None = None, stage: str = "stage",
+           keep_advantages: bool = False) -> Curated:
     """Filter `rollouts` and turn what is left into `kind` records.
 
     `version`: the model version being trained; rollouts of any other are stale. `group_size`: for
     groups, the collect repeats (an incomplete group is dropped: GRPO needs equal group sizes).
+    `keep_advantages`: the rollouts carry the `advantage` their batch computed (the orchestrator's),
+    which the groups keep instead of computing their own.
     """
     dropped: Counter = Counter()
     kept: list[dict[str, Any]] = []
@@ -185,8 +191,11 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
             else:
                 seen.add(key)
 
-    builder = {"sft": _to_sft, "preferences": _to_preferences, "groups": _to_groups}[kind]
-    records, used = builder(groups, dropped, group_size, config)
+    if kind == "groups":
+        records, used = _to_groups(groups, dropped, group_size, config, keep_advantages)
+    else:
+        builder = {"sft": _to_sft, "preferences": _to_preferences}[kind]
+        records, used = builder(groups, dropped, group_size, config)
     return Curated(kind, records, len(rollouts), used, dropped)
 
 
@@ -228,12 +237,19 @@ def to_preferences(group_id: str, members: list[dict[str, Any]], min_diff: float
         if chosen["prompt_ids"] != rejected["prompt_ids"]:
             continue  # the same prompt text rendered to other tokens: not one comparison
         pairs.append({**pair, "prompt_ids": chosen["prompt_ids"], "chosen_ids": chosen["completion_ids"],
-                      "rejected_ids": rejected["completion_ids"]})
+                      "rejected_ids": rejected["completion_ids"], "chosen_mask": model_token_mask(chosen),
+                      "rejected_mask": model_token_mask(rejected)})
     return pairs
 
 
+def model_token_mask(sequence: dict[str, Any]) -> list[int]:
+    """1 for the completion tokens the model sampled: not the environment's, not forced by a grammar."""
+    forced = sequence.get("completion_forced") or [0] * len(sequence["completion_mask"])
+    return [int(bool(m) and not f) for m, f in zip(sequence["completion_mask"], forced)]
+
+
 def _to_groups(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_size: int | None,
-               config: CurateConfig) -> tuple[list[dict[str, Any]], int]:
+               config: CurateConfig, keep_advantages: bool = False) -> tuple[list[dict[str, Any]], int]:
     records = []
     for g in sorted(groups, key=natural_key):
         members = groups[g]
@@ -243,17 +259,41 @@ def _to_groups(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_
         if not grpo_keeps([float(r["reward"]) for r in members]):
             dropped["zero_reward_spread"] += len(members)
             continue
-        records.append(to_groups(g, members))
+        records.append(to_groups(g, members, config.advantage, keep_advantages))
     return records, sum(len(r["rollouts"]) for r in records)
 
 
-def to_groups(group_id: str, members: list[dict[str, Any]]) -> dict[str, Any]:
-    """One GRPO group (`export.grpo_record`: rewards, advantages), each rollout with its `sequence`."""
+def to_groups(group_id: str, members: list[dict[str, Any]], advantage: AdvantageConfig | None = None,
+              keep_advantages: bool = False) -> dict[str, Any]:
+    """One GRPO group (`export.grpo_record`: rewards), each rollout with its `sequence`, the `sampling`
+    it was generated under and its `advantage`: the one it carries (`keep_advantages`), else the
+    group's under `advantage` (default: GRPO's normalised). The trainer uses it as it is."""
     record = grpo_record(group_id, prompt_messages(members[0]), [grpo_member(r, i) for i, r in enumerate(members)])
-    for rollout in record["rollouts"]:
+    by_id = {str(r.get("rollout_id", "")): r for r in members}
+    ordered = [by_id[m["rollout_id"]] for m in record["rollouts"]]
+    if keep_advantages and all(r.get("advantage") is not None for r in ordered):
+        values = [float(r["advantage"]) for r in ordered]
+    else:
+        values = group_advantages([float(r["reward"]) for r in ordered], [completion_length(r) for r in ordered],
+                                  advantage or AdvantageConfig())
+    for rollout, source, value in zip(record["rollouts"], ordered, values):
         rollout["sequence"] = rollout.pop("sequences")[0]
+        rollout["advantage"] = value
+        rollout["sampling"] = sampling_of(source)
     return record
 
 
-__all__ = ["CurateConfig", "Curated", "CurationError", "curate", "model_versions", "on_policy", "to_groups", "to_preferences",
-           "to_sft", "tool_failed", "usable_sequence"]
+def sampling_of(rollout: dict[str, Any]) -> dict[str, Any]:
+    """What a rollout's tokens were sampled under: the model server's record on its generated items,
+    else the request's parameters, with the logprobs' kind unknown."""
+    for item in (rollout.get("response") or {}).get("output") or []:
+        if isinstance(item, dict) and isinstance(item.get("sampling"), dict):
+            return dict(item["sampling"])
+    params = rollout.get("responses_create_params") or {}
+    temperature, top_p = params.get("temperature"), params.get("top_p")
+    return {"temperature": 1.0 if temperature is None else float(temperature),
+            "top_p": 1.0 if top_p is None else float(top_p), "logprobs": "unknown"}
+
+
+__all__ = ["CurateConfig", "Curated", "CurationError", "curate", "model_versions", "on_policy", "sampling_of", "to_groups",
+           "to_preferences", "to_sft", "tool_failed", "usable_sequence"]

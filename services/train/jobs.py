@@ -48,7 +48,7 @@ def log_cause(log: Path, lines: int = 12) -> str:
 _PR_SET_PDEATHSIG = 1
 
 
-def _own_group_dies_with_parent() -> None:
+def own_group_dies_with_parent() -> None:
     # In the child before exec: its own process group (so cancel() reaches the trainer's helpers too),
     # and SIGKILL from the kernel if the loop dies, so a killed run leaves no trainer behind.
     os.setsid()
@@ -79,7 +79,7 @@ class SubprocessJob:
             process = subprocess.Popen(
                 [python or sys.executable, "-m", "rollgym.train.worker", str(output_dir / SPEC_FILE)],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, preexec_fn=_own_group_dies_with_parent,
+                env={**os.environ, **(env or {})}, preexec_fn=own_group_dies_with_parent,
             )
         return cls(process, output_dir, adapter)
 
@@ -122,4 +122,4 @@ class SubprocessJob:
                 self.process.wait()
 
 
-__all__ = ["ARTEFACT_FILE", "LOG_FILE", "SubprocessJob", "finished_artefact", "log_cause"]
+__all__ = ["ARTEFACT_FILE", "LOG_FILE", "SubprocessJob", "finished_artefact", "log_cause", "own_group_dies_with_parent"]

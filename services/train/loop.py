@@ -32,8 +32,8 @@ from tqdm import tqdm
 from ..client import ServerClient
 from ..rollouts.collector import CollectOptions, Collector
 from .curation import CurationError, curate, on_policy
-from .jobs import SubprocessJob, finished_artefact
-from .plan import Plan, StageSection
+from .jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
+from .plan import RL_ADAPTERS, Plan, StageSection, trainer_args
 from .serving import Serving
 from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
 
@@ -116,6 +116,7 @@ class TrainLoop:
         self.history_path = self.output / "history.jsonl"
         self.serving = Serving(plan, self.output / "serving")
         self.state: dict[str, Any] = {}
+        self.trainers: dict[str, Any] = {}  # one adapter instance per name for the run (grpo: one process)
 
     # ------------------------------------------------------------------ state
 
@@ -191,8 +192,40 @@ class TrainLoop:
                     self.log(f"stopped: {self.state['stopped']}")
                     break
         finally:
+            self.close_trainers()
             self.serving.stop()
         return self.state
+
+    def trainer(self, adapter: str) -> Any:
+        """The run's instance of an adapter: a long-lived one (grpo) keeps its process across steps."""
+        if adapter not in self.trainers:
+            self.trainers[adapter] = load_adapter(adapter)
+        return self.trainers[adapter]
+
+    def close_trainers(self) -> None:
+        for instance in self.trainers.values():
+            close = getattr(instance, "close", None)
+            if callable(close):
+                close()
+        self.trainers.clear()
+
+    def train(self, adapter: str, dataset: Path, config: TrainConfig, tick: Callable[[], None] | None = None) -> Artefact:
+        """Run one optimize step through its adapter (in a child process or elsewhere) and record its
+        artefact in the step's folder, so that a resumed run never trains or submits it again."""
+        instance = self.trainer(adapter)
+        if isinstance(instance, RemoteTrainer):
+            job = instance.submit(dataset, config)
+        else:  # a fit() trainer runs in a child process: its crash fails this step, not the loop
+            job = SubprocessJob.start(adapter, dataset, config)
+        while tick is not None and job.status() == "running":
+            tick()
+            time.sleep(0.2)
+        artefact = job.wait()
+        folder = Path(config.output_dir)
+        if finished_artefact(folder) is None:  # a remote job leaves nothing here
+            folder.mkdir(parents=True, exist_ok=True)
+            write_json(folder / ARTEFACT_FILE, artefact.model_dump())
+        return artefact
 
     def history(self) -> list[dict[str, Any]]:
         return read_rollouts(self.history_path)
@@ -397,23 +430,18 @@ class TrainLoop:
 
     def _optimize(self, epoch: int, stage: StageSection, folder: Path, mode: str) -> Artefact:
         previous = self._artefact("applied") if mode != "none" else self._artefact("last")
+        adapter = stage.optimize.adapter
+        # A long-lived trainer keeps one seed (its RNG state carries on); a trainer per step gets its own.
+        seed = self.plan.seed if adapter in RL_ADAPTERS else self.plan.seed + epoch
         config = TrainConfig(
             base_model=self.plan.base_model, output_dir=str(folder / "train"), version=f"policy-e{epoch:03d}",
-            init_adapter=previous.uri if previous else None, seed=self.plan.seed + epoch,
-            export_gguf=self.plan.serve_dtype if stage.apply == "merged" else "none", args=stage.optimize.args,
+            init_adapter=previous.uri if previous else None, seed=seed,
+            export_gguf=self.plan.serve_dtype if stage.apply == "merged" else "none", args=trainer_args(self.plan, stage.optimize),
+            run_dir=str(self.output),
         )
-        adapter = stage.optimize.adapter
         bar = PhaseBar(epoch, "optimize", self.progress)
         try:
-            instance = None if ":" not in adapter else load_adapter(adapter)
-            if isinstance(instance, RemoteTrainer):
-                job = instance.submit(folder / "curated.jsonl", config)
-            else:  # a fit() trainer runs in a child process: its crash fails this step, not the loop
-                job = SubprocessJob.start(adapter, folder / "curated.jsonl", config)
-            while job.status() == "running":
-                bar.tick()
-                time.sleep(0.5)
-            artefact = job.wait()
+            artefact = self.train(adapter, folder / "curated.jsonl", config, bar.tick)
         except (TrainingFailed, ValueError) as exc:
             bar.done(error="failed")
             raise TrainError(f"epoch {epoch} ({stage.name}) optimize with {adapter}: {exc}") from None

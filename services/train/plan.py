@@ -32,6 +32,7 @@ Relative paths are relative to the current directory, as on the command line.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -42,6 +43,9 @@ from .config_files import key_problems, read_mapping
 from .curation import CurateConfig
 from .orchestrator_config import OrchestratorConfig, task_file_problem
 from .trainers import BUILTIN, DATA_KIND
+
+# The adapters that train on the sampling policy's logprobs with rollgym's own objective (rl_trainer.py).
+RL_ADAPTERS = frozenset({"grpo", "trl_grpo"})
 
 
 class PlanError(ValueError):
@@ -91,6 +95,15 @@ class OptimizeSection(_Strict):
             if self.adapter not in DATA_KIND:
                 raise ValueError("say what a custom adapter trains on: data: sft | preferences | groups")
             self.data = DATA_KIND[self.adapter]  # type: ignore[assignment]
+        if self.adapter in RL_ADAPTERS:
+            from .rl_trainer import RLArgs
+
+            try:  # a misspelt argument fails here, not in the trainer after the first collection
+                RLArgs.model_validate(self.args)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"args.{where}: {first['msg']}") from None
         if self.adapter not in BUILTIN:
             try:  # a typo fails here, not after the first collection
                 import_target(self.adapter)
@@ -159,7 +172,32 @@ class Plan(_Strict):
         if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
             raise ValueError("apply: merged serves GGUF files with the embedded model; base_model must be "
                              "'bundled' or a *.gguf file (use apply: lora with another model server)")
+        for problem in self._sampling_problems():
+            raise ValueError(problem)
         return self
+
+    def _sampling_problems(self) -> list[str]:
+        """An RL trainer computes the logprobs of the distribution that was sampled: its temperature must be
+        the collection's, and top-p/top-k truncation (which it cannot rebuild) is refused, by key."""
+        pairs: list[tuple[str, dict[str, Any], str, OptimizeSection]] = [
+            (f"stages[{i}].collect.params", stage.collect.params, f"stages[{i}].optimize", stage.optimize)
+            for i, stage in enumerate(self.stages)]
+        if self.orchestrator is not None and self.optimize is not None:
+            pairs += [(f"orchestrator.envs[{i}].params", env.params, "optimize", self.optimize)
+                      for i, env in enumerate(self.orchestrator.envs)]
+        problems = []
+        for where, params, optimize_key, optimize in pairs:
+            if optimize.adapter not in RL_ADAPTERS:
+                continue
+            sampled = float(params.get("temperature", 1.0))
+            trained = optimize.args.get("temperature")
+            if trained is not None and float(trained) != sampled:
+                problems.append(f"{optimize_key}.args.temperature {trained} disagrees with {where}.temperature "
+                                f"{sampled}: the trainer must compute the logprobs of the distribution that was sampled")
+            if float(params.get("top_p", 1.0)) < 1.0 or int(params.get("top_k") or 0) > 0:
+                problems.append(f"{where}: top_p/top_k truncate the sampling distribution, which {optimize.adapter} "
+                                "cannot rebuild; collect with top_p 1 and no top_k")
+        return problems
 
     def epochs(self) -> list[tuple[int, StageSection]]:
         """(epoch number from 1, its stage) for every training epoch of the plan."""
@@ -167,6 +205,38 @@ class Plan(_Strict):
         for stage in self.stages:
             out.extend((len(out) + 1, stage) for _ in range(stage.epochs))
         return out
+
+
+def trainer_args(plan: Plan, optimize: OptimizeSection) -> dict[str, Any]:
+    """The adapter's arguments as the trainer gets them: for an RL adapter, with `total_steps` (the LR
+    schedule's length) filled in from the plan when it does not give one."""
+    args = dict(optimize.args)
+    if optimize.adapter not in RL_ADAPTERS or args.get("total_steps"):
+        return args
+    per_step = args.get("groups_per_step")
+    passes = float(args.get("epochs", 1.0))
+    updates = int(args.get("mini_batches", 1))
+
+    def steps(groups: int) -> int:
+        return max(1, math.ceil(passes * math.ceil(groups / (per_step or groups)))) * updates
+
+    if plan.orchestrator is not None:
+        total = steps(plan.orchestrator.batch_size // plan.orchestrator.rollouts_per_example) * (
+            plan.orchestrator.max_steps or 0)
+    else:
+        total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.input))
+                    for stage in plan.stages if stage.optimize is optimize)
+    if total:
+        args["total_steps"] = total
+    return args
+
+
+def _task_count(path: str) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return max(1, sum(1 for line in handle if line.strip()))
+    except OSError:
+        return 1
 
 
 def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Plan:
@@ -242,5 +312,5 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
     return problems
 
 
-__all__ = ["CollectSection", "GuardSection", "OptimizeSection", "Plan", "PlanError", "StackSection", "StageSection",
-           "ValidationSection", "file_problems", "load_plan"]
+__all__ = ["CollectSection", "GuardSection", "OptimizeSection", "Plan", "PlanError", "RL_ADAPTERS", "StackSection",
+           "StageSection", "ValidationSection", "file_problems", "load_plan", "trainer_args"]

@@ -86,7 +86,12 @@ def load_base(base_model: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype), AutoTokenizer.from_pretrained(base_model)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base_model)
+    except (OSError, ValueError):  # weights without a tokenizer: the RL trainer needs only token ids
+        tokenizer = None
+    return model, tokenizer
 
 
 def load_policy(base_model: str, init_adapter: str | None, lora: Mapping[str, Any] | None = None) -> tuple[Any, Any]:
@@ -95,7 +100,7 @@ def load_policy(base_model: str, init_adapter: str | None, lora: Mapping[str, An
     from peft import LoraConfig, PeftModel, get_peft_model
 
     model, tokenizer = load_base(base_model)
-    if tokenizer.pad_token is None:
+    if tokenizer is not None and tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if init_adapter:
         return PeftModel.from_pretrained(model, init_adapter, is_trainable=True), tokenizer

@@ -51,6 +51,8 @@ class TrainConfig(BaseModel):
     export_gguf: Literal["none", "f16", "f32", "q8_0"] = Field(
         default="none", description="also write the merged weights as a GGUF the embedded model server can serve")
     args: dict[str, Any] = Field(default_factory=dict, description="the adapter's own arguments, from the plan")
+    run_dir: str | None = Field(default=None, description="the run's folder: a long-lived trainer keeps its process "
+                                                          "state there (grpo: RUN/trainer/)")
 
 
 class TrainingFailed(RuntimeError):
@@ -81,14 +83,17 @@ class RemoteTrainer(Protocol):
 
 
 # The built-in adapters, by the name a plan uses; any other name is an import path "module:Class".
+# `grpo` is rollgym's own policy-gradient step (loss.py, rl_trainer.py) in one long-lived process per run;
+# `trl_grpo` names it too: TRL's GRPOTrainer cannot take the sampling policy's logprobs (docs/trainers.md).
 BUILTIN = {
     "trl_sft": "rollgym.train.trl_trainers:SFTTrainer",
     "trl_dpo": "rollgym.train.trl_trainers:DPOTrainer",
-    "trl_grpo": "rollgym.train.trl_trainers:GRPOTrainer",
+    "grpo": "rollgym.train.trainer_process:LongLivedTrainer",
+    "trl_grpo": "rollgym.train.trainer_process:LongLivedTrainer",
 }
 
 # What each adapter trains on; the loop curates to that kind (curation.py).
-DATA_KIND = {"trl_sft": "sft", "trl_dpo": "preferences", "trl_grpo": "groups"}
+DATA_KIND = {"trl_sft": "sft", "trl_dpo": "preferences", "grpo": "groups", "trl_grpo": "groups"}
 
 
 def import_path(name: str) -> str:

@@ -1,28 +1,25 @@
-"""The built-in trainer adapters: TRL's SFT, DPO and GRPO trainers on a PEFT LoRA.
+"""The built-in TRL adapters: TRL's SFT and DPO trainers on a PEFT LoRA.
 
-All three train on the rollouts' exact tokens (no re-rendering of chat text, so no drift between
-what the model was served and what it is trained on):
+Both train on the rollouts' exact tokens (no re-rendering of chat text, so no drift between what the
+model was served and what it is trained on), and only on the tokens the model sampled:
 
 - `SFTTrainer` (`trl_sft`): records of `curation.to_sft`; loss on the model's own completion tokens
   only (`completion_mask`; tool outputs inside a multi-turn completion are masked out).
-- `DPOTrainer` (`trl_dpo`): records of `curation.to_preferences`: `prompt_ids`, `chosen_ids`, `rejected_ids`.
-- `GRPOTrainer` (`trl_grpo`): records of `curation.to_groups`: each group's collected rollouts with
-  their sequences and sampling logprobs are handed to TRL's GRPOTrainer through its `rollout_func`,
-  so TRL computes the group advantages from the environment's rewards and trains on exactly what
-  was sampled. Before training it measures how far the trainer's logprobs of those tokens are from
-  the sampling logprobs (`logprob_gap_mean`/`_max` in the metrics); `max_logprob_gap` bounds it.
+- `DPOTrainer` (`trl_dpo`): records of `curation.to_preferences`: `prompt_ids`, `chosen_ids`,
+  `rejected_ids`, with `chosen_mask`/`rejected_mask` keeping environment tokens out of the loss.
+
+The policy-gradient step is not TRL's: its GRPOTrainer cannot take the sampling policy's logprobs
+(its ratio is 1), so `grpo` is rollgym's own (loss.py, rl_trainer.py).
 
 Adapter arguments (the plan's `optimize.args`): `learning_rate`, `epochs` (passes over the data),
-`max_steps`, `batch_size`, `lora` (`r`, `alpha`, `dropout`, `target_modules`), `threads`, and per
-trainer `beta` (DPO, GRPO), `groups_per_step`, `temperature`, `max_logprob_gap` (GRPO); `trl` is a
-dict passed to the TRL config as is.
+`max_steps`, `batch_size`, `lora` (`r`, `alpha`, `dropout`, `target_modules`, `layers`), `threads`,
+`beta` (DPO); `trl` is a dict passed to the TRL config as is.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -155,108 +152,36 @@ class DPOTrainer(_LoraTrainer):
                 return dataset
 
         examples = [{"prompt_ids": list(r["prompt_ids"]), "chosen_ids": list(r["chosen_ids"]),
-                     "rejected_ids": list(r["rejected_ids"])} for r in rows]
+                     "rejected_ids": list(r["rejected_ids"]),
+                     "chosen_mask": list(r.get("chosen_mask") or [1] * len(r["chosen_ids"])),
+                     "rejected_mask": list(r.get("rejected_mask") or [1] * len(r["rejected_ids"]))} for r in rows]
         batch = int(config.args.get("batch_size", 2))
         settings = _common_args(config, len(examples), batch, dict(beta=float(config.args.get("beta", 0.1)),
                                                                     max_length=None))
         args = _config(DPOConfig, settings, dict(config.args.get("trl", {})))
         return TokenDPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples),
-                               processing_class=tokenizer)
+                               processing_class=tokenizer,
+                               data_collator=model_token_collator(tokenizer.pad_token_id))
 
 
-def collected_reward(prompts: list[Any], completions: list[Any], collected_reward: list[float],
-                     **kwargs: Any) -> list[float]:
-    """TRL reward function: the environment's verified reward of each collected rollout."""
-    return list(collected_reward)
-
-
-class GroupRollouts:
-    """A TRL `rollout_func` that hands back collected groups instead of generating: the prompt is the
-    group id; consecutive equal prompts get the group's members in order."""
-
-    def __init__(self, groups: list[dict[str, Any]]) -> None:
-        self.groups = {str(g["group_id"]): g["rollouts"] for g in groups}
-        self.calls = 0
-
-    def __call__(self, prompts: list[str], trainer: Any = None) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
-                                                     "collected_reward")}
-        seen: dict[str, int] = {}
-        for prompt in prompts:
-            members = self.groups[prompt]
-            index = seen.get(prompt, 0)
-            seen[prompt] = index + 1
-            member = members[index % len(members)]
-            sequence = member["sequence"]
-            out["prompt_ids"].append(list(sequence["prompt_ids"]))
-            out["completion_ids"].append(list(sequence["completion_ids"]))
-            out["logprobs"].append([float(x) for x in sequence["completion_logprobs"]])
-            out["env_mask"].append([int(x) for x in sequence["completion_mask"]])
-            out["collected_reward"].append(float(member["reward"]))
-        self.calls += 1
-        return out
-
-
-def logprob_gap(model: Any, groups: list[dict[str, Any]], temperature: float) -> tuple[float, float]:
-    """(mean, max) |trainer logprob − sampling logprob| over the model's tokens of every rollout."""
+def model_token_collator(pad_token_id: int) -> Any:
+    """TRL's preference collator with the loss restricted to the tokens the model sampled: a multi-turn
+    completion's environment tokens (tool results, chat glue; `chosen_mask`/`rejected_mask` = 0) count
+    toward neither side's log-likelihood."""
     import torch
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-    total, count, largest = 0.0, 0, 0.0
-    model.eval()
-    with torch.no_grad():
-        for group in groups:
-            for member in group["rollouts"]:
-                seq = member["sequence"]
-                ids = torch.tensor([list(seq["prompt_ids"]) + list(seq["completion_ids"])])
-                logits = model(input_ids=ids).logits[0, len(seq["prompt_ids"]) - 1:-1].float() / temperature
-                logps = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(seq["completion_ids"])[:, None])[:, 0]
-                mask = torch.tensor(seq["completion_mask"], dtype=torch.bool)
-                gap = (logps - torch.tensor(seq["completion_logprobs"], dtype=torch.float32)).abs()[mask]
-                if gap.numel():
-                    total += float(gap.sum())
-                    count += int(gap.numel())
-                    largest = max(largest, float(gap.max()))
-    model.train()
-    return (total / count if count else 0.0), largest
+    class ModelTokenPreferenceCollator(DataCollatorForPreference):
+        def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+            output = super().torch_call(examples)
+            rows = ([[0] * len(e["prompt_ids"]) + list(e["chosen_mask"]) for e in examples]
+                    + [[0] * len(e["prompt_ids"]) + list(e["rejected_mask"]) for e in examples])
+            width = output["completion_mask"].shape[1]
+            output["completion_mask"] = torch.tensor([row[:width] + [0] * (width - len(row[:width])) for row in rows],
+                                                     dtype=output["completion_mask"].dtype)
+            return output
+
+    return ModelTokenPreferenceCollator(pad_token_id=pad_token_id)
 
 
-class GRPOTrainer(_LoraTrainer):
-    kind = "groups"
-
-    def build(self, model: Any, tokenizer: Any, rows: list[dict[str, Any]], config: TrainConfig,
-              metrics: dict[str, float]) -> Any:
-        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-        from datasets import Dataset
-        from trl import GRPOConfig
-        from trl import GRPOTrainer as TrlGRPOTrainer
-
-        sizes = {len(group["rollouts"]) for group in rows}
-        if len(sizes) != 1 or min(sizes) < 2:
-            raise TrainingFailed(f"GRPO needs groups of one size >= 2 (the collect repeats); got sizes {sorted(sizes)}")
-        size = sizes.pop()
-        args = config.args
-        temperature = float(args.get("temperature", 1.0))
-        mean_gap, max_gap = logprob_gap(model, rows, temperature)
-        metrics.update(logprob_gap_mean=round(mean_gap, 5), logprob_gap_max=round(max_gap, 5))
-        bound = args.get("max_logprob_gap")
-        if bound is not None and mean_gap > float(bound):
-            raise TrainingFailed(
-                f"the served model's sampling logprobs differ from the trainer's by {mean_gap:.3f} per token on "
-                f"average (max_logprob_gap {bound}): the rollouts were not sampled from these weights (a quantized "
-                "or stale model is serving); serve the merged weights unquantized (apply: merged, serve_dtype: f16)")
-        # A batch larger than the data would give TRL's sampler no full batch, and zero steps.
-        groups_per_step = max(1, min(int(args.get("groups_per_step", 2)), len(rows)))
-        longest = max(len(m["sequence"]["completion_ids"]) for g in rows for m in g["rollouts"])
-        settings = _common_args(config, len(rows), groups_per_step * size, dict(
-            num_generations=size, max_completion_length=longest, temperature=temperature,
-            beta=float(args.get("beta", 0.0)), num_iterations=1, use_vllm=False, shuffle_dataset=True,
-        ))
-        settings["max_steps"] = int(args.get("max_steps") or max(1, math.ceil(float(args.get("epochs", 1))
-                                                                               * len(rows) / groups_per_step)))
-        grpo_args = _config(GRPOConfig, settings, dict(args.get("trl", {})))
-        dataset = Dataset.from_list([{"prompt": str(group["group_id"])} for group in rows])
-        return TrlGRPOTrainer(model=model, processing_class=tokenizer, args=grpo_args, train_dataset=dataset,
-                              reward_funcs=collected_reward, rollout_func=GroupRollouts(rows))
-
-
-__all__ = ["DPOTrainer", "GRPOTrainer", "GroupRollouts", "SFTTrainer", "collected_reward", "logprob_gap"]
+__all__ = ["DPOTrainer", "SFTTrainer", "model_token_collator"]

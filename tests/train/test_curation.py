@@ -102,4 +102,24 @@ def test_preferences_pair_exact_tokens() -> None:
     [pair] = result.records
     assert (pair["chosen_rollout_id"], pair["rejected_rollout_id"]) == ("a-r0", "a-r1")
     assert pair["prompt_ids"] == [1, 2, 3, 1] and pair["chosen_ids"] == [10, 11, 12] and pair["rejected_ids"] == [11, 11, 12]
+    assert pair["chosen_mask"] == pair["rejected_mask"] == [1, 0, 1]  # the environment's token is out of the loss
     assert result.dropped == {"unpaired": 2}
+
+
+def test_groups_carry_the_advantages_the_trainer_uses_and_what_was_sampled() -> None:
+    from rollgym.train.advantages import AdvantageConfig
+
+    rows = group("a", [1.0, 0.0, 0.0, 1.0])
+    rows[0]["response"]["output"][0].update(sampling={"temperature": 0.7, "top_p": 1.0, "logprobs": "processed"})
+    [record] = curate(rows, "groups", CurateConfig(advantage=AdvantageConfig(type="rloo")), group_size=4).records
+    assert [m["advantage"] for m in record["rollouts"]] == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert record["rollouts"][0]["sampling"]["temperature"] == 0.7
+    # A rollout without a server's record: the request's temperature, logprobs of unknown kind.
+    assert record["rollouts"][1]["sampling"] == {"temperature": 1.0, "top_p": 1.0, "logprobs": "unknown"}
+    # A batch whose advantages the orchestrator computed keeps them: no second computation.
+    for row, value in zip(rows, [0.3, -0.1, -0.1, -0.1]):
+        row["advantage"] = value
+    [kept] = curate(rows, "groups", CurateConfig(), group_size=4, keep_advantages=True).records
+    assert [m["advantage"] for m in kept["rollouts"]] == [0.3, -0.1, -0.1, -0.1]
+    [default] = curate(rows, "groups", CurateConfig(), group_size=4).records
+    assert [m["advantage"] for m in default["rollouts"]] == pytest.approx([1, -1, -1, 1], abs=1e-5)

@@ -60,7 +60,8 @@ def test_cancel_stops_the_trainer(tmp_path: Path) -> None:
 
 
 def test_adapter_names(tmp_path: Path) -> None:
-    assert set(BUILTIN) == {"trl_sft", "trl_dpo", "trl_grpo"}
+    assert set(BUILTIN) == {"trl_sft", "trl_dpo", "grpo", "trl_grpo"}
+    assert BUILTIN["trl_grpo"] == BUILTIN["grpo"]  # TRL's GRPOTrainer cannot take the sampling logprobs
     with pytest.raises(ValueError, match="unknown adapter 'sft'"):
         load_adapter("sft")
     with pytest.raises(ValueError, match="cannot import 'no_such_module:X'"):

@@ -40,6 +40,11 @@ def test_advantage_config_errors_name_the_problem():
 
 
 def test_completion_length_prefers_the_token_mask():
+    # A rollout's `sequences` is a list (one sequence per unbroken token prefix), as /run returns it.
+    real = {"sequences": [{"prompt_ids": [1], "completion_ids": [5, 6, 7, 8], "completion_mask": [1, 1, 0, 1],
+                           "completion_logprobs": [-0.1, -0.2, 0.0, -0.3]}], "metrics": {"output_tokens": 9}}
+    assert completion_length(real) == 3
+    assert completion_length({**real, "sequences": real["sequences"] * 2}) == 6
     assert completion_length({"sequences": {"completion_mask": [1, 1, 0, 1]}, "metrics": {"output_tokens": 9}}) == 3
     assert completion_length({"metrics": {"output_tokens": 9}}) == 9
     assert completion_length({}) == 0
@@ -79,3 +84,9 @@ def test_dedupe_keys_and_task_order():
     resumed = TaskSource("e", tasks, seed=1)
     resumed.restore(state)
     assert [resumed.next().group_id for _ in range(7)] == [source.next().group_id for _ in range(7)]
+
+
+def test_rloo_baseline_leaves_the_rollout_out():
+    advantages = group_advantages([1.0, 0.0, 0.0, 1.0], [1, 1, 1, 1], AdvantageConfig(type="rloo"))
+    assert advantages == pytest.approx([1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3])
+    assert group_advantages([0.5], [3], AdvantageConfig(type="rloo")) == [0.0]

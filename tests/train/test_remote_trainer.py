@@ -119,3 +119,12 @@ def test_the_loop_drives_a_remote_trainer(service: tuple[str, Service], scripted
     [line] = loop.history()
     assert line["artefact"].startswith("s3://bucket/") and line["train"]["examples"] == 4.0
     assert len(state.jobs) == 1
+    # Killed after the job finished but before the epoch was recorded: the rerun does not submit it again.
+    run = tmp_path / "run"
+    (run / "history.jsonl").unlink()
+    phases = orjson.loads((run / "epoch-001" / "phases.json").read_bytes())
+    (run / "epoch-001" / "phases.json").write_bytes(orjson.dumps({k: v for k, v in phases.items()
+                                                                   if k in ("collect", "curate")}))
+    TrainLoop(load_plan(plan), progress=False).run()
+    assert len(state.jobs) == 1 and (run / "epoch-001" / "train" / "artefact.json").is_file()
+    assert [line["epoch"] for line in loop.history()] == [1]

@@ -119,37 +119,39 @@ def test_dpo_one_step_on_token_pairs(shared_base: Any, tmp_path: Path) -> None:
 
 
 def grpo_groups(model: Any, tokenizer: Any, offset: float = 0.0) -> list[dict[str, Any]]:
+    """Two groups of made-up rollouts whose sampling logprobs are the model's own (+ offset)."""
     groups = []
     for city in ("Paris", "Oslo"):
         members = []
         for index, (answer, reward) in enumerate(((f"{city}: sunny", 1.0), ("No idea.", 0.0))):
             prompt, completion = encode(tokenizer, f"Weather in {city}?", answer)
             logprobs = [x + offset for x in trainer_logprobs(model, prompt, completion)]
-            members.append({"rollout_id": f"{city}-r{index}", "reward": reward, "sequence": {
-                "prompt_ids": prompt, "completion_ids": completion, "completion_mask": [1] * len(completion),
-                "completion_logprobs": logprobs}})
+            members.append({"rollout_id": f"{city}-r{index}", "reward": reward, "advantage": 1.0 - 2 * index,
+                            "sampling": {"temperature": 1.0, "top_p": 1.0, "logprobs": "processed"},
+                            "sequence": {"prompt_ids": prompt, "completion_ids": completion,
+                                         "completion_mask": [1] * len(completion), "completion_logprobs": logprobs}})
         groups.append({"group_id": city, "rollouts": members})
     return groups
 
 
-def test_grpo_one_step_from_collected_groups(shared_base: Any, tmp_path: Path) -> None:
-    model, tokenizer = shared_base
-    groups = grpo_groups(model, tokenizer)
-    # groups_per_step above the number of groups: one step over both, not zero steps.
-    artefact = T.GRPOTrainer().fit(write(tmp_path, groups), config(tmp_path, groups_per_step=4, max_logprob_gap=0.01))
-    assert artefact.metrics["steps"] == 1 and math.isfinite(artefact.metrics["train_loss"])
-    # The sampling logprobs are the trainer's own here: the measured gap is float noise.
-    assert artefact.metrics["logprob_gap_mean"] < 1e-3
-    assert lora_b_norm(artefact.uri) > 0
+def test_grpo_one_step_on_the_bundled_model(shared_base: Any) -> None:
+    """rollgym's RL trainer on the real SmolLM2: its logprobs are the reference forward pass's (the
+    behaviour ratio is 1 on the model's own samples), one step moves the LoRA, a gap is refused."""
+    from rollgym.train.rl_trainer import PolicyTrainer, RLArgs
 
-
-def test_grpo_refuses_rollouts_sampled_from_other_weights(shared_base: Any, tmp_path: Path) -> None:
     model, tokenizer = shared_base
-    groups = grpo_groups(model, tokenizer, offset=-0.3)
-    with pytest.raises(TrainingFailed, match=r"differ from the trainer's by 0\.300 per token on average \(max_logprob_gap 0\.05\)"):
-        T.GRPOTrainer().fit(write(tmp_path, groups), config(tmp_path, max_logprob_gap=0.05))
-    with pytest.raises(TrainingFailed, match=r"groups of one size >= 2"):
-        T.GRPOTrainer().fit(write(tmp_path, [{**groups[0], "rollouts": groups[0]["rollouts"][:1]}]), config(tmp_path))
+    trainer = PolicyTrainer(RLArgs(learning_rate=1e-3, max_logprob_gap=0.01, threads=2,
+                                   lora={"r": 4, "alpha": 8, "layers": "top:2"}), "bundled")
+    trainer.load(None)
+    metrics = trainer.train_records(grpo_groups(model, tokenizer))
+    assert metrics["steps"] == 1 and math.isfinite(metrics["loss"])
+    assert metrics["logprob_gap_mean"] < 1e-3 and abs(metrics["importance_ratio_mean"] - 1) < 1e-3
+    assert metrics["tokens"] == sum(len(r["sequence"]["completion_ids"]) for g in grpo_groups(model, tokenizer)
+                                    for r in g["rollouts"])
+    b_norm = sum(float(p.norm()) for n, p in trainer.model.named_parameters() if "lora_B" in n)
+    assert b_norm > 0, "one step left the LoRA at B = 0"
+    with pytest.raises(TrainingFailed, match=r"differ from the trainer's by 0\.3\d\d per token on average \(max_logprob_gap 0\.01\)"):
+        trainer.train_records(grpo_groups(model, tokenizer, offset=-0.3))
 
 
 def test_merged_gguf_serves_the_trained_weights(shared_base: Any, tmp_path: Path) -> None:
@@ -212,3 +214,12 @@ def test_merged_q8_0_gguf_holds_the_merged_weights_in_8_bits(tmp_path: Path) -> 
     got = gguf.quants.dequantize(merged.data, merged.tensor_type)
     base = {t.name: t for t in gguf.GGUFReader(bundled_gguf()).tensors}["blk.3.ffn_down.weight"]
     assert np.abs((got - gguf.quants.dequantize(base.data, base.tensor_type)) - delta).mean() < 0.1 * np.abs(delta).mean()
+
+
+def test_dpo_counts_only_the_tokens_the_model_sampled() -> None:
+    """A multi-turn completion's environment tokens (mask 0) are outside the preference loss."""
+    collator = T.model_token_collator(pad_token_id=0)
+    batch = collator([{"prompt_ids": [5, 6], "chosen_ids": [7, 8, 9, 10], "rejected_ids": [11, 12],
+                       "chosen_mask": [1, 0, 0, 1], "rejected_mask": [1, 1]}])
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10], [5, 6, 11, 12, 0, 0]]
+    assert batch["completion_mask"].tolist() == [[0, 0, 1, 0, 0, 1], [0, 0, 1, 1, 0, 0]]

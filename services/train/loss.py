@@ -1,0 +1,140 @@
+"""The policy-gradient objective of rollgym's RL trainer (`grpo`), written out in docs/trainers.md.
+
+For every token t of rollout i that the policy sampled (m_it = 1: a model token, not an environment
+token and not one a grammar forced), with A_i the rollout's advantage as the batch computed it:
+
+    log μ_it       the sampling logprob the model server recorded, under the sampling temperature
+    log π_old,it   the trainer's logprob at the start of this optimizer step (no gradient)
+    log π_θ,it     the trainer's logprob now (the one the gradient flows through)
+
+    r_it  = exp(log π_θ − log π_old)                 PPO ratio, clipped to [1 − clip_low, 1 + clip_high]
+    ρ_it  = exp(log π_old − log μ)                   behaviour ratio: staleness + training/inference mismatch
+    w_it  = min(ρ_it, tis_cap)  (no gradient)        truncated importance sampling (correction: tis)
+    ρ̄_i   = exp(mean_t log ρ_it)                     a rollout outside [mask_low, mask_high] is masked whole
+    L_it  = −w_it · min(r_it·A_i, clip(r_it)·A_i) + β·(exp(q) − q − 1),   q = log π_ref − log π_θ
+
+and the batch loss is Σ_i Σ_t m_it·L_it·s_i with the aggregation's scale s_i:
+`token_mean` 1/Σ_i n_i (every token of the batch weighs the same), `sequence_mean` 1/(N·n_i) (every
+rollout weighs the same, GRPO's paper), `constant` 1/(N·C) (Dr. GRPO: a fixed normaliser, no length
+bias), where n_i = Σ_t m_it, N the rollouts of the batch, C `max_tokens`.
+
+The scales are computed once over the whole batch (every micro-batch, every process), so gradient
+accumulation and data parallelism sum to exactly the gradient of one pass over the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Aggregation = Literal["token_mean", "sequence_mean", "constant"]
+
+
+class LossConfig(BaseModel):
+    """The objective's settings (the plan's `optimize.args.loss`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    clip_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="PPO clip below 1")
+    clip_high: float = Field(default=0.28, ge=0.0, description="PPO clip above 1 (DAPO's clip-higher)")
+    correction: Literal["tis", "none"] = Field(
+        default="tis", description="tis: weight each token by min(π_old/μ, tis_cap); none: no behaviour weight")
+    tis_cap: float = Field(default=2.0, ge=1.0, description="the truncation of the behaviour ratio")
+    mask_low: float | None = Field(default=0.5, gt=0.0, description="mask a rollout whose geometric-mean ρ is below")
+    mask_high: float | None = Field(default=2.0, gt=0.0, description="mask a rollout whose geometric-mean ρ is above")
+    kl_beta: float = Field(default=0.0, ge=0.0, description="weight of the k3 KL estimate to the reference model")
+    aggregation: Aggregation = "token_mean"
+    max_tokens: int | None = Field(default=None, ge=1, description="constant aggregation: the normaliser C")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LossConfig":
+        if self.aggregation == "constant" and self.max_tokens is None:
+            raise ValueError("aggregation: constant needs max_tokens (the normaliser, e.g. the generation budget)")
+        if self.mask_low is not None and self.mask_high is not None and self.mask_low >= self.mask_high:
+            raise ValueError(f"mask_low {self.mask_low} must be below mask_high {self.mask_high}")
+        return self
+
+
+def sequence_scales(token_counts: Sequence[int], config: LossConfig) -> list[float]:
+    """s_i for every rollout of the whole batch, given n_i (its loss tokens)."""
+    rollouts = len(token_counts)
+    if config.aggregation == "token_mean":
+        total = sum(token_counts)
+        return [1.0 / total if total else 0.0] * rollouts
+    if config.aggregation == "sequence_mean":
+        return [1.0 / (rollouts * n) if n else 0.0 for n in token_counts]
+    assert config.max_tokens is not None
+    return [1.0 / (rollouts * config.max_tokens)] * rollouts
+
+
+@dataclass
+class LossTerms:
+    """One micro-batch's loss and what it measured (sums, to be added up over the batch)."""
+
+    loss: "torch.Tensor"  # noqa: F821 - scalar, already scaled: sum over micro-batches = the batch loss
+    tokens: int
+    rho_sum: float  # Σ ρ
+    rho_min: float
+    rho_max: float
+    capped: int  # tokens whose ρ was truncated
+    clipped: int  # tokens whose PPO term was clipped (no gradient)
+    masked_rollouts: int
+    masked_tokens: int
+    mismatch_kl_sum: float  # Σ (log μ − log π_old): an estimate of KL(μ ‖ π_old) per token
+    kl_sum: float  # Σ k3 to the reference (0 without one)
+
+
+def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling_logprobs: "torch.Tensor",  # noqa: F821
+                advantages: "torch.Tensor", rollout_index: "torch.Tensor", scales: "torch.Tensor",  # noqa: F821
+                config: LossConfig, ref_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
+    """The objective over a micro-batch's loss tokens, as flat 1-D tensors of one length.
+
+    `rollout_index[t]` numbers the rollout (within this micro-batch) token t belongs to; `advantages`
+    and `scales` are per token too (the rollout's A_i and s_i). Only tokens with m_it = 1 are passed.
+    """
+    import torch
+
+    count = int(logprobs.numel())
+    rollouts = int(rollout_index.max()) + 1 if count else 0
+    old = old_logprobs.detach()
+    log_rho = old - sampling_logprobs.detach()
+    rho = log_rho.exp()
+    weight = rho.clamp(max=config.tis_cap) if config.correction == "tis" else torch.ones_like(rho)
+
+    per_rollout = torch.zeros(rollouts, dtype=log_rho.dtype).index_add_(0, rollout_index, log_rho)
+    lengths = torch.zeros(rollouts, dtype=log_rho.dtype).index_add_(0, rollout_index, torch.ones_like(log_rho))
+    rollout_rho = (per_rollout / lengths.clamp(min=1)).exp()
+    keep_rollout = torch.ones(rollouts, dtype=torch.bool)
+    if config.mask_low is not None:
+        keep_rollout &= rollout_rho >= config.mask_low
+    if config.mask_high is not None:
+        keep_rollout &= rollout_rho <= config.mask_high
+    keep = keep_rollout[rollout_index].to(logprobs.dtype)
+
+    ratio = (logprobs - old).exp()
+    clipped_ratio = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
+    unclipped_term, clipped_term = ratio * advantages, clipped_ratio * advantages
+    surrogate = torch.minimum(unclipped_term, clipped_term)
+    per_token = -weight * surrogate
+    kl = torch.zeros_like(logprobs)
+    if ref_logprobs is not None and config.kl_beta > 0:
+        q = ref_logprobs.detach() - logprobs
+        kl = q.exp() - q - 1.0
+        per_token = per_token + config.kl_beta * kl
+    loss = (per_token * keep * scales).sum()
+    with torch.no_grad():
+        # The clip acts where the clipped term is the smaller one and differs: no gradient flows there.
+        clipped = int(((clipped_term < unclipped_term) & (clipped_ratio != ratio)).sum())
+        masked_tokens = int((keep == 0).sum())
+    return LossTerms(
+        loss=loss, tokens=count, rho_sum=float(rho.sum()), rho_min=float(rho.min()) if count else 1.0,
+        rho_max=float(rho.max()) if count else 1.0,
+        capped=int((rho > config.tis_cap).sum()) if config.correction == "tis" else 0,
+        clipped=clipped, masked_rollouts=int((~keep_rollout).sum()), masked_tokens=masked_tokens,
+        mismatch_kl_sum=float((-log_rho).sum()), kl_sum=float(kl.detach().sum()),
+    )
+
+
+__all__ = ["Aggregation", "LossConfig", "LossTerms", "policy_loss", "sequence_scales"]
