@@ -11,6 +11,12 @@
 The backend reads `lora_path` itself, so the path must exist on every backend's machine (a shared
 filesystem or the same path on each). A load succeeds only when every backend loaded the adapter; when
 some did not, the ones that did unload it again and the answer names each backend's result.
+
+Full weights (`finetune: full`) are published with SGLang's `POST {root}/update_weights_from_disk
+{model_path, weight_version}`: every backend reloads the checkpoint folder, and its answers then carry
+`weight_version`, which this server reports as `model_version`. vLLM has no route that reloads full
+weights from a path (its weight-transfer routes stream tensors over NCCL or CUDA IPC from the trainer
+process): with vLLM, publish LoRA adapters, or restart it on the new weights.
 """
 
 from __future__ import annotations
@@ -35,14 +41,14 @@ def backend_model(backend_kind: str, base_model: str, lora_name: str) -> str:
 
 
 async def call_backend(server: "ChatCompletionsModel", backend: Backend, action: str,
-                       body: dict[str, Any]) -> dict[str, Any]:
-    """POST `/{action}_lora_adapter` to one backend; its result as `{base_url, ok, status, message}`."""
+                       body: dict[str, Any], route: str | None = None) -> dict[str, Any]:
+    """POST `/{action}_lora_adapter` (or `route`) to one backend; its result as `{base_url, ok, status, message}`."""
     from .app import BackendUnavailable
 
     sglang = server.config.backend == "sglang"
     result: dict[str, Any] = {"base_url": backend.url, "ok": False}
     try:
-        reply = await server._post(backend, f"/{action}_lora_adapter", body, root=sglang)
+        reply = await server._post(backend, route or f"/{action}_lora_adapter", body, root=sglang)
     except BackendUnavailable as exc:
         return {**result, "status": 502, "message": str(exc)}
     except HTTPException as exc:  # a timeout
@@ -55,9 +61,13 @@ async def call_backend(server: "ChatCompletionsModel", backend: Backend, action:
         except ValueError:
             answer = {}
         if isinstance(answer, dict) and answer.get("success") is False:
-            ok, message = False, str(answer.get("error_message") or message)
+            ok, message = False, str(answer.get("error_message") or answer.get("message") or message)
     elif not ok:
-        message = reply.error_message()
+        try:  # SGLang answers a refused reload with {success: false, message}
+            answer = reply.json()
+        except ValueError:
+            answer = None
+        message = str(answer["message"]) if isinstance(answer, dict) and answer.get("message") else reply.error_message()
     return {**result, "ok": ok, "status": reply.status if reply.ok == ok else 400, "message": message}
 
 
@@ -91,3 +101,21 @@ async def unload_everywhere(server: "ChatCompletionsModel", lora_name: str) -> l
     body = {"lora_name": lora_name}
     return list(await asyncio.gather(*(call_backend(server, backend, "unload", body)
                                        for backend in server.pool.backends)))
+
+
+async def update_weights_everywhere(server: "ChatCompletionsModel", model_path: str,
+                                    weight_version: str | None) -> list[dict[str, Any]]:
+    """Reload full weights from `model_path` on every backend (SGLang); BadRequest naming each that failed."""
+    if server.config.backend != "sglang":
+        raise BadRequest(f"backend {server.config.backend!r} has no route that reloads full weights from a path "
+                         "(SGLang's /update_weights_from_disk); publish a LoRA adapter, or restart the backend on "
+                         "the new weights", status=501)
+    body = {"model_path": model_path, **({"weight_version": weight_version} if weight_version else {})}
+    results = await asyncio.gather(*(call_backend(server, backend, "update", body, route="/update_weights_from_disk")
+                                     for backend in server.pool.backends))
+    failed = [result for result in results if not result["ok"]]
+    if failed:
+        statuses = [result["status"] for result in failed if 400 <= result["status"] < 500]
+        raise BadRequest([{"field": f"backends[{result['base_url']}]", "message": result["message"]}
+                          for result in failed], status=max(statuses) if statuses else 502)
+    return list(results)

@@ -33,7 +33,7 @@ from rollgym.client import Reply
 from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
-from .adapters import backend_model, load_everywhere, unload_everywhere
+from .adapters import backend_model, load_everywhere, unload_everywhere, update_weights_everywhere
 from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
 from .routing import Backend, BackendPool
 
@@ -376,6 +376,19 @@ class ChatCompletionsModel(ModelServer):
         @app.get("/backends")
         async def backends() -> JSONBytesResponse:
             return JSONBytesResponse({"backends": self.pool.status()})
+
+        @app.post("/update_weights_from_disk")
+        async def update_weights_from_disk(request: Request) -> JSONBytesResponse:
+            """{"model_path": a checkpoint folder every backend can read, "weight_version"?} -> each backend's result."""
+            payload = await read_json(request)
+            path = payload.get("model_path") if isinstance(payload, dict) else None
+            if not isinstance(path, str) or not path:
+                raise BadRequest("required: the folder of the new weights", field="model_path")
+            version = payload.get("weight_version")
+            if version is not None and not isinstance(version, str):
+                raise BadRequest("must be a string", field="weight_version")
+            results = await update_weights_everywhere(self, path, version)
+            return JSONBytesResponse({"success": True, "model_version": version or path, "backends": results})
 
     # ------------------------------------------------------------------ plumbing
 

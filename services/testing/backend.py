@@ -628,6 +628,20 @@ async def _unload_lora_adapter(request: web.Request) -> web.Response:
     return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
 
+async def _update_weights_from_disk(request: web.Request) -> web.Response:
+    """SGLang's full-weight reload: `{model_path, weight_version?}`; later answers report the new
+    weight_version (the path when none is given). A path that does not exist is refused, as SGLang does."""
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    path = req.get("model_path") if isinstance(req, dict) else None
+    if not isinstance(path, str) or not os.path.exists(path):
+        return _json_response({"success": False, "message": f"Failed to update weights: no model at {path!r}"},
+                              status=400)
+    request.app[_CONFIG]["weight_version"] = str(req.get("weight_version") or path)
+    return _json_response({"success": True, "message": "Succeeded to update model weights."})
+
+
 async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
     """The JSON body (logged for tests), or an error response."""
     try:
@@ -799,6 +813,7 @@ def build_app(
     if shape == "sglang":
         app.router.add_post("/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/unload_lora_adapter", _unload_lora_adapter)
+        app.router.add_post("/update_weights_from_disk", _update_weights_from_disk)
     else:
         app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)

@@ -14,8 +14,9 @@ ones of a temperature ≠ 1, are refused by name, since their sampling distribut
 Tokens a grammar forced (`completion_forced`) and environment tokens are not in the loss.
 
 Data parallel: started under torchrun (WORLD_SIZE > 1) the trainer joins the process group (gloo on
-CPU, nccl on GPUs), wraps the model in DDP, and each process takes every WORLD_SIZE-th rollout of a
-batch. The loss scales are computed over the whole batch first, so 1 and N processes take the same step.
+CPU, nccl on GPUs), wraps a LoRA model in DDP and shards full weights with FSDP2 (`fully_shard` per
+decoder layer), and each process takes every WORLD_SIZE-th rollout of a batch. The loss scales are
+computed over the whole batch first, so 1 and N processes take the same step.
 """
 
 from __future__ import annotations
@@ -212,6 +213,7 @@ class PolicyTrainer:
         self.optimizer: Any = None
         self.scheduler: Any = None
         self.base_weights: dict[str, Any] = {}
+        self.sharded = False
 
     # ------------------------------------------------------------------ model and state
 
@@ -242,12 +244,22 @@ class PolicyTrainer:
         model.train()
         self.model = model
         module = _token_logprobs_module()(model, self.args.precision)
-        if self.dist.distributed:
+        # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest);
+        # a LoRA's few weights are replicated (DDP).
+        self.sharded = self.dist.distributed and self.args.finetune == "full"
+        if self.sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in module.causal().model.layers:
+                fully_shard(layer)
+            fully_shard(module)
+        elif self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
             module = DistributedDataParallel(module, device_ids=[self.dist.local_rank] if self.device.type == "cuda"
                                              else None)
         self.module = module
+        self.gathered: dict[str, Any] | None = None  # sharded: the full weights of the last checkpoint (rank 0)
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.args.learning_rate, betas=self.args.betas,
                                            weight_decay=self.args.weight_decay)
@@ -276,12 +288,26 @@ class PolicyTrainer:
         import torch
 
         folder = Path(folder)
+        optimizer_state = self.optimizer.state_dict()
+        if self.sharded:  # every process takes part in gathering the full weights and optimizer state
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+            )
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            weights = get_model_state_dict(self.module, options=options)
+            optimizer_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            self.gathered = {name.removeprefix("lm."): value for name, value in weights.items()}
         if self.dist.rank == 0:
             partial = folder.with_name(folder.name + f".tmp{os.getpid()}")
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
-            self.model.save_pretrained(partial / ("model" if self.args.finetune == "full" else "adapter"))
-            torch.save({"step": self.step, "optimizer": self.optimizer.state_dict(),
+            target = partial / ("model" if self.args.finetune == "full" else "adapter")
+            if self.sharded:
+                self.model.save_pretrained(target, state_dict=self.gathered)
+            else:
+                self.model.save_pretrained(target)
+            torch.save({"step": self.step, "optimizer": optimizer_state, "sharded": self.sharded,
                         "scheduler": self.scheduler.state_dict(),
                         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                                 "numpy": np.random.get_state()}}, partial / STATE_FILE)
@@ -296,7 +322,16 @@ class PolicyTrainer:
         import torch
 
         state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if bool(state.get("sharded")) != self.sharded:
+            raise TrainingFailed(f"{folder}: its optimizer state was saved {'sharded' if state.get('sharded') else 'whole'}"
+                                 f"; resume it with the same finetune and processes settings")
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -316,7 +351,8 @@ class PolicyTrainer:
         if self.args.finetune == "lora":
             return lora_deltas(self.model)
         deltas = {}
-        for name, param in self.model.named_parameters():
+        weights = self.gathered if self.sharded else dict(self.model.named_parameters())
+        for name, param in (weights or {}).items():
             base = self.base_weights.get(name)
             if base is not None and name.endswith(".weight") and not name.startswith("lm_head"):
                 delta = (param.detach().cpu().float() - base.float()).numpy()
@@ -446,20 +482,25 @@ class PolicyTrainer:
         scales = sequence_scales([s.loss_tokens for s in batch], args.loss)
         mine = [i for i in range(len(batch)) if i % dist.world == dist.rank and batch[i].loss_tokens]
         micro = self._micro_batches(mine, batch)
-        # Every process must take part in the gradient's all-reduce, even with no rollout of its own.
-        dummy = not micro
-        if dummy:
-            micro = [[next(i for i in range(len(batch)) if batch[i].loss_tokens)]]
+        # Every process runs as many forward/backward passes as the busiest one (FSDP gathers weights
+        # in each forward, DDP reduces in the last backward): the extra ones count for nothing (scale 0).
+        rounds = int(dist.all_max([float(len(micro))])[0])
+        filler = next(i for i in range(len(batch)) if batch[i].loss_tokens)
+        passes = [(indices, False) for indices in micro] + [([filler], True)] * (rounds - len(micro))
         sums = [0.0] * 10
         rho_min, rho_max = math.inf, -math.inf
         gap = [0.0, 0.0]
-        for number, indices in enumerate(micro):
+        for number, (indices, dummy) in enumerate(passes):
             sequences = [batch[i] for i in indices]
             tensors = self._tensors(sequences)
             token_scales = torch.tensor([0.0 if dummy else scales[indices[r]] for r in tensors["rollout"].tolist()],
                                         dtype=torch.float32, device=self.device)
-            last = number == len(micro) - 1
-            sync = self.module.no_sync() if dist.distributed and not last else nullcontext()
+            last = number == len(passes) - 1
+            sync = nullcontext()
+            if self.sharded:
+                self.module.set_requires_gradient_sync(last)
+            elif dist.distributed and not last:
+                sync = self.module.no_sync()
             with sync:
                 logprobs = self._forward(tensors)
                 old_lp = (torch.cat([old[i] for i in indices]).to(self.device) if old is not None
@@ -489,10 +530,8 @@ class PolicyTrainer:
                 f"token on average (max_logprob_gap {args.max_logprob_gap}): the rollouts were not sampled from "
                 "these weights (a quantized or stale model is serving)")
         params = [p for p in self.model.parameters() if p.requires_grad]
-        if args.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm))
-        else:
-            grad_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params if p.grad is not None])))
+        norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm or math.inf)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()

@@ -85,28 +85,32 @@ def test_a_resumed_trainer_restores_the_saved_state_and_takes_the_same_next_step
     assert first_metrics["lr"] == resumed_metrics["lr"] and first_metrics["loss"] == resumed_metrics["loss"]
 
 
-def step_with(processes: int, tiny_model: str, tmp_path: Path, dataset: Path) -> tuple[dict, dict]:
+def step_with(processes: int, finetune: str, tiny_model: str, tmp_path: Path, dataset: Path) -> tuple[dict, dict]:
     trainer = LongLivedTrainer()
-    run = tmp_path / f"run-{processes}"
+    run = tmp_path / f"run-{finetune}-{processes}"
     config = TrainConfig(base_model=tiny_model, output_dir=str(run / "step-001" / "train"), version="s1",
                          run_dir=str(run), args={"learning_rate": 1e-2, "lora": LORA, "processes": processes,
-                                                 "threads": 1, "micro_batch_tokens": 24})
+                                                 "finetune": finetune, "threads": 1, "micro_batch_tokens": 24})
     try:
         artefact = trainer.submit(dataset, config).wait(timeout=240)
     finally:
         trainer.close()
     from safetensors.torch import load_file
 
-    return load_file(str(Path(artefact.uri) / "adapter_model.safetensors")), artefact.metrics
+    weights = "adapter_model.safetensors" if finetune == "lora" else "model.safetensors"
+    assert artefact.kind == ("lora" if finetune == "lora" else "full_weights")
+    return load_file(str(Path(artefact.uri) / weights)), artefact.metrics
 
 
-def test_one_and_two_processes_take_the_same_step(tiny_model, tmp_path) -> None:
+@pytest.mark.parametrize("finetune", ["lora", "full"])  # DDP for a LoRA, FSDP2 for full weights
+def test_one_and_two_processes_take_the_same_step(tiny_model, tmp_path, finetune) -> None:
     dataset = tmp_path / "groups.jsonl"
     dataset.write_bytes(b"".join(orjson.dumps(g) + b"\n" for g in groups(5, count=3)))
-    one, one_metrics = step_with(1, tiny_model, tmp_path, dataset)
-    two, two_metrics = step_with(2, tiny_model, tmp_path, dataset)
+    one, one_metrics = step_with(1, finetune, tiny_model, tmp_path, dataset)
+    two, two_metrics = step_with(2, finetune, tiny_model, tmp_path, dataset)
     assert set(one) == set(two) and one
-    assert all(torch.allclose(one[k], two[k], atol=1e-6, rtol=1e-5) for k in one)
+    # AdamW's first step is about lr·sign(g): float summation order shows where g is near 0 (lr is 1e-2).
+    assert all(torch.allclose(one[k], two[k], atol=1e-5, rtol=1e-5) for k in one)
     assert one_metrics["tokens"] == two_metrics["tokens"] == 9 * 5
     assert one_metrics["loss"] == pytest.approx(two_metrics["loss"], rel=1e-5)
     assert one_metrics["grad_norm"] == pytest.approx(two_metrics["grad_norm"], rel=1e-4)

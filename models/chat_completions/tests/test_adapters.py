@@ -144,3 +144,24 @@ def test_load_while_32_rollouts_are_in_flight(tmp_path: Path) -> None:
         assert text == ("[hot] egdirb" if version == "hot@1" else "egdirb"), (version, text)
         assert result["sequences"][0]["model_versions"] == [version]
         assert isinstance(result["reward"], float)
+
+
+def test_full_weights_reload_on_every_sglang_backend_and_name_the_version(tmp_path: Path) -> None:
+    """SGLang's /update_weights_from_disk, forwarded to each backend; answers then report the new version."""
+    weights = tmp_path / "step-3" / "model"
+    weights.mkdir(parents=True)
+    with pool(("--token-info", "--shape", "sglang"), ("--token-info", "--shape", "sglang"),
+              backend="sglang") as (client, backends):
+        before = client.post("/v1/responses", json={"input": "Reverse this text: bridge"}).json()
+        reply = client.post("/update_weights_from_disk", json={"model_path": str(weights), "weight_version": "full-s3"})
+        assert reply.status_code == 200, reply.text
+        assert [(b["base_url"], b["ok"]) for b in reply.json()["backends"]] == [(u, True) for u in backends]
+        for _ in range(2):  # either backend: both reloaded
+            after = client.post("/v1/responses", json={"input": "Reverse this text: bridge"}).json()
+            assert after["model_version"] == "full-s3" != before["model_version"]
+        missing = client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")})
+        assert missing.status_code == 400 and "no model at" in missing.text and "backends[" in missing.text
+        assert client.post("/update_weights_from_disk", json={}).status_code == 422  # the field at fault
+    with pool(("--token-info",)) as (client, _):  # vLLM: no route reloads full weights from a path
+        refused = client.post("/update_weights_from_disk", json={"model_path": str(weights)})
+        assert refused.status_code == 501 and "publish a LoRA adapter" in refused.text

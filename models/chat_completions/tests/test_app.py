@@ -195,6 +195,8 @@ def test_second_turn_prompt_extends_previous_prompt_and_generation(token_client:
     assert new_prompt[: len(previous)] == previous
     assert len(message["generation_token_ids"]) == len(message["generation_log_probs"])
     assert all(lp <= 0.0 for lp in message["generation_log_probs"])
+    # What the tokens were sampled under, and which logprobs these are (vLLM's default: raw).
+    assert message["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "logprobs": "raw"}
 
 
 def test_token_triple_from_vllm_shape() -> None:
