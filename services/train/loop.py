@@ -374,8 +374,8 @@ class TrainLoop:
     def _collect(self, epoch: int, stage: StageSection, folder: Path) -> dict[str, Any]:
         params = {**stage.collect.params, **self.serving.request_params()}
         options = CollectOptions(input=Path(stage.collect.input), output=folder / "rollouts.jsonl",
-                                 repeats=stage.collect.repeats, concurrency=self.plan.stack.concurrency,
-                                 limit=stage.collect.limit, params=params, progress=self.progress)
+                                 repeats=stage.collect.repeats, limit=stage.collect.limit, params=params,
+                                 progress=self.progress, **self._retries())
         return self._run_collection(options, f"epoch {epoch} collect")
 
     def _validate(self, epoch: int, folder: Path) -> dict[str, Any]:
@@ -383,9 +383,8 @@ class TrainLoop:
         assert section is not None
         params = {**section.params, **self.serving.request_params()}
         options = CollectOptions(input=Path(section.input), output=folder / "validation.jsonl",
-                                 repeats=section.repeats, concurrency=self.plan.stack.concurrency,
-                                 limit=section.limit, params=params, pass_threshold=section.pass_threshold,
-                                 progress=self.progress)
+                                 repeats=section.repeats, limit=section.limit, params=params,
+                                 pass_threshold=section.pass_threshold, progress=self.progress, **self._retries())
         summary = self._run_collection(options, f"epoch {epoch} validate")
         version = self.serving.version
         stale = sum(1 for r in read_rollouts(options.output) if version is not None and not on_policy(r, version))
@@ -393,6 +392,12 @@ class TrainLoop:
             raise TrainError(f"epoch {epoch} validate: {stale} rollouts came from another model version than "
                              f"{self.serving.version}")
         return summary
+
+    def _retries(self) -> dict[str, Any]:
+        """The stack section's concurrency, attempt timeout and retry bounds, for every collection."""
+        stack = self.plan.stack
+        return {"concurrency": stack.concurrency, "timeout_s": stack.timeout_s, "max_attempts": stack.max_attempts,
+                "budget_s": stack.budget_s}
 
     def _run_collection(self, options: CollectOptions, label: str) -> dict[str, Any]:
         if not options.input.is_file():

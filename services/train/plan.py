@@ -33,6 +33,7 @@ Relative paths are relative to the current directory, as on the command line.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -62,6 +63,9 @@ class StackSection(_Strict):
     registry_file: str | None = Field(default=None, description="use a running stack (rollgym run --registry-file)")
     agent: str | None = Field(default=None, description="which agent of the stack (default: the only one)")
     concurrency: int = Field(default=8, ge=1, description="rollouts in flight while collecting")
+    timeout_s: float = Field(default=3600.0, gt=0, description="one rollout attempt, collecting and validating")
+    max_attempts: int = Field(default=3, ge=1, description="tries per rollout for infrastructure failures")
+    budget_s: float | None = Field(default=None, gt=0, description="all the attempts of one rollout, waits included")
 
     @model_validator(mode="after")
     def _one_source(self) -> "StackSection":
@@ -263,21 +267,50 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
     return plan
 
 
+_KEY_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+def _key_path(key: str) -> list[str | int]:
+    """"stages[1].collect.input" -> ["stages", 1, "collect", "input"]; PlanError for anything else."""
+    path: list[str | int] = []
+    for part in key.split("."):
+        match = _KEY_PART.match(part)
+        if match is None:
+            raise PlanError(f"override {key!r}: a key is a plan key, or section.key, with [N] for a list item "
+                            "(e.g. seed, stack.concurrency, stages[0].collect.input)")
+        path.append(match.group(1))
+        path.extend(int(index) for index in re.findall(r"\[(\d+)\]", match.group(2)))
+    return path
+
+
 def _override(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set `key` ("seed", or "stack.concurrency" inside a section) of a plan's raw mapping to `value`."""
-    parts = key.split(".")
-    if not all(parts):
-        raise PlanError(f"override {key!r}: a key is a plan key, or section.key (e.g. seed, stack.concurrency)")
-    if parts[0] not in Plan.model_fields:
-        raise PlanError(f"override {key!r}: the plan has no key {parts[0]!r} (keys: {', '.join(Plan.model_fields)})")
-    node = data
-    for depth, part in enumerate(parts[:-1]):
-        if node.get(part) is None:
+    """Set `key` ("seed", "stack.concurrency" inside a section, "stages[1].epochs" inside a list item)
+    of a plan's raw mapping to `value`."""
+    path = _key_path(key)
+    if path[0] not in Plan.model_fields:
+        raise PlanError(f"override {key!r}: the plan has no key {path[0]!r} (keys: {', '.join(Plan.model_fields)})")
+    node: Any = data
+    for depth, part in enumerate(path[:-1]):
+        where = _dotted(path[: depth + 1])
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                size = len(node) if isinstance(node, list) else 0
+                raise PlanError(f"override {key!r}: '{where}' is not there (the list has {size} items)")
+        elif node.get(part) is None:
             node[part] = {}
-        if not isinstance(node[part], dict):
-            raise PlanError(f"override {key!r}: '{'.'.join(parts[:depth + 1])}' is not a section of keys")
-        node = node[part]
-    node[parts[-1]] = value
+        child = node[part]
+        if not isinstance(child, (dict, list)) or isinstance(path[depth + 1], int) != isinstance(child, list):
+            kind = "a list" if isinstance(path[depth + 1], int) else "a section of keys"
+            raise PlanError(f"override {key!r}: '{where}' is not {kind}")
+        node = child
+    last = path[-1]
+    if isinstance(last, int) and (not isinstance(node, list) or last >= len(node)):
+        raise PlanError(f"override {key!r}: '{_dotted(path)}' is not there")
+    node[last] = value
+
+
+def _dotted(path: list[str | int]) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else part) for i, part in enumerate(path))
 
 
 def file_problems(plan: Plan) -> list[tuple[str, str]]:

@@ -141,10 +141,24 @@ def test_async_plans_check_their_tasks_files(tmp_path: Path) -> None:
 def test_overrides_reach_into_sections_and_name_themselves(tmp_path: Path) -> None:
     plan = load_plan(DEMO, {"stack.concurrency": 3, "validation.limit": 2})
     assert plan.stack.concurrency == 3 and plan.validation is not None and plan.validation.limit == 2
+    tasks = str(REPO_ROOT / "resources_servers/weather/data/example.jsonl")
+    plan = load_plan(DEMO, {"stages[0].collect.input": tasks, "stages[1].epochs": 3,
+                            "stages[1].optimize.args.learning_rate": 1e-5})
+    assert plan.stages[0].collect.input == tasks and plan.stages[1].epochs == 3
+    assert plan.stages[1].optimize.args["learning_rate"] == 1e-5 and [e for e, _ in plan.epochs()] == [1, 2, 3, 4]
+    from rollgym.train.loop import TrainLoop
+
+    plan = load_plan(DEMO, {"stack.timeout_s": 30, "stack.max_attempts": 1, "output": str(tmp_path / "run")})
+    assert TrainLoop(plan)._retries() == {"concurrency": 1, "timeout_s": 30.0, "max_attempts": 1, "budget_s": None}
     for overrides, message in [
         ({"nope": 1}, r"override 'nope': the plan has no key 'nope' \(keys: base_model, output"),
         ({"output.x": 1}, r"override 'output\.x': 'output' is not a section of keys"),
         ({"stack..x": 1}, r"override 'stack\.\.x': a key is a plan key, or section\.key"),
+        ({"stages[5].epochs": 2}, r"override 'stages\[5\]\.epochs': 'stages\[5\]' is not there \(the list has 2 items\)"),
+        ({"stack[0]": 2}, r"override 'stack\[0\]': 'stack' is not a list"),
+        ({"stages.epochs": 2}, r"override 'stages\.epochs': 'stages' is not a section of keys"),
+        ({"stages[1].epochs": 0}, r"key 'stages\[1\]\.epochs': Input should be greater.* \(set by the override of "
+                                  r"'stages\[1\]\.epochs'\)"),
         ({"stack.concurency": 1}, r"key 'stack\.concurency': Extra inputs .* \(set by the override of "
                                   r"'stack\.concurency'\)"),
         ({"seed": "x"}, r"key 'seed': Input should be a valid integer.* \(set by the override of 'seed'\)"),
