@@ -461,25 +461,28 @@ class TrainLoop:
                                   "version": self.serving.version}
 
     def _guard(self, summary: dict[str, Any], artefact: Artefact, mode: str) -> dict[str, Any] | None:
+        """Keep the epoch's model when its validation is within `max_drop` of the best and meets every
+        `accept` threshold; else serve the best model again (and stop, with on_violation: stop)."""
         guard = self.plan.guard
         reward = summary.get("mean_reward")
         best = self.state.get("best")
-        if guard is None or reward is None or best is None or reward + 1e-12 >= best["reward"] - guard.max_drop:
+        problems = [] if guard is None else guard_problems(summary, best, guard.max_drop, guard.accept)
+        if guard is None or reward is None or not problems:
             self._remember_best(summary, artefact)
             self._save_state()
             return None if guard is None else {"ok": True}
-        restored = Artefact.model_validate(best["artefact"]) if best["artefact"] else None
+        restored = Artefact.model_validate(best["artefact"]) if best and best["artefact"] else None
         self.serving.apply(restored, mode)
-        self.state["applied"] = best["artefact"]
-        self.state["last"] = best["artefact"]  # the next epoch trains on from the restored weights
-        verdict = {"ok": False, "reward": reward, "best": best["reward"], "restored": self.serving.version,
-                   "action": guard.on_violation}
+        self.state["applied"] = best["artefact"] if best else None
+        self.state["last"] = self.state["applied"]  # the next epoch trains on from the restored weights
+        verdict = {"ok": False, "reward": reward, "best": best["reward"] if best else None,
+                   "restored": self.serving.version, "action": guard.on_violation}
+        if guard.accept:
+            verdict["problems"] = problems
         if guard.on_violation == "stop":
-            self.state["stopped"] = (f"validation reward {reward:.3f} fell more than {guard.max_drop} below the best "
-                                     f"{best['reward']:.3f}; restored {self.serving.version}")
+            self.state["stopped"] = f"{'; '.join(problems)}; restored {self.serving.version}"
         self._save_state()
-        self.log(f"guard: validation reward {reward:.3f} < best {best['reward']:.3f} - {guard.max_drop}: "
-                 f"restored {self.serving.version}")
+        self.log(f"guard: {'; '.join(problems)}: restored {self.serving.version}")
         return verdict
 
     def _prune_serving(self) -> None:
@@ -496,8 +499,25 @@ class TrainLoop:
                 path.unlink(missing_ok=True)
 
 
+def guard_problems(summary: dict[str, Any], best: dict[str, Any] | None, max_drop: float | None,
+                   accept: dict[str, float]) -> list[str]:
+    """Why a validated model may not stay: its reward fell more than max_drop below the best, or a
+    metric is below its acceptance threshold (a missing metric counts as below)."""
+    problems = []
+    reward = summary.get("mean_reward")
+    if max_drop is not None and best is not None and reward is not None and reward + 1e-12 < best["reward"] - max_drop:
+        problems.append(f"validation reward {reward:.3f} fell more than {max_drop} below the best {best['reward']:.3f}")
+    for metric, least in accept.items():
+        value = summary.get(metric)
+        if value is None or value + 1e-12 < least:
+            shown = "missing" if value is None else f"{value:.3f}"
+            problems.append(f"validation {metric} {shown} is below the accepted {least}")
+    return problems
+
+
 def run_plan(plan: Plan, *, progress: bool = True) -> dict[str, Any]:
     return TrainLoop(plan, progress=progress).run()
 
 
-__all__ = ["PHASES", "TrainError", "TrainLoop", "read_json", "read_rollouts", "run_plan", "write_json"]
+__all__ = ["PHASES", "TrainError", "TrainLoop", "guard_problems", "read_json", "read_rollouts", "run_plan",
+           "write_json"]

@@ -137,8 +137,19 @@ class ValidationSection(_Strict):
 
 
 class GuardSection(_Strict):
-    max_drop: float = Field(default=0.1, ge=0.0, description="validation reward may fall this far below the best")
+    max_drop: float | None = Field(default=0.1, ge=0.0,
+                                   description="validation reward may fall this far below the best (None: any)")
+    accept: dict[str, float] = Field(
+        default_factory=dict, description="validation metric -> the least value an epoch's model must reach to be "
+                                          "kept, e.g. {mean_reward: 0.5, pass@4: 0.8}")
     on_violation: Literal["stop", "continue"] = "stop"
+
+    @model_validator(mode="after")
+    def _known_metrics(self) -> "GuardSection":
+        unknown = [name for name in self.accept if name != "mean_reward" and not re.fullmatch(r"pass@\d+", name)]
+        if unknown:
+            raise ValueError(f"accept: unknown metric {unknown[0]!r}: use mean_reward or pass@K")
+        return self
 
 
 class Plan(_Strict):

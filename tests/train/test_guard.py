@@ -53,3 +53,45 @@ def test_guard_restores_the_best_model(tmp_path: Path, importable_toys: None) ->
     assert loop.serving.model_path and loop.serving.model_path.endswith("policy-base.gguf")
     assert state["applied"] is None and "fell more than 0.0 below the best" in state["stopped"]
     assert not (tmp_path / "run" / "epoch-002" / "train" / "policy-e002.gguf").exists(), "the broken GGUF was kept"
+
+
+def test_acceptance_thresholds_keep_or_roll_back_an_epoch(tmp_path: Path) -> None:
+    """guard.accept: an epoch's model stays only if every listed validation metric reaches its threshold."""
+    import orjson
+
+    from rollgym.train.loop import TrainLoop, guard_problems
+    from rollgym.train.plan import PlanError, load_plan
+    from rollgym.train.trainers import Artefact
+
+    assert guard_problems({"mean_reward": 0.5, "pass@4": 0.7}, {"reward": 0.55}, 0.1, {"pass@4": 0.8}) == [
+        "validation pass@4 0.700 is below the accepted 0.8"]
+    assert guard_problems({"mean_reward": 0.3}, {"reward": 0.55}, 0.1, {}) == [
+        "validation reward 0.300 fell more than 0.1 below the best 0.550"]
+    assert guard_problems({"mean_reward": 0.3}, {"reward": 0.55}, None, {"mean_reward": 0.2}) == []
+    assert guard_problems({"mean_reward": 0.3}, None, 0.1, {"pass@2": 0.5}) == [
+        "validation pass@2 missing is below the accepted 0.5"]
+
+    registry = tmp_path / "stack.json"
+    registry.write_bytes(orjson.dumps({"agent": {"url": "http://127.0.0.1:9", "role": "agents"}}))
+    tasks = str(REPO_ROOT / "resources_servers/weather/data/example.jsonl")
+    plan = {"output": str(tmp_path / "run"), "stack": {"registry_file": str(registry)},
+            "validation": {"input": tasks},
+            "stages": [{"name": "s", "collect": {"input": tasks}, "optimize": {"adapter": "trl_sft"}, "apply": "none"}],
+            "guard": {"max_drop": None, "accept": {"mean_reward": 0.5, "pass@4": 0.9}, "on_violation": "stop"}}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    loop = TrainLoop(load_plan(path), progress=False)
+    loop.output.mkdir()
+    loop.state = {"applied": None, "best": {"reward": 0.2, "artefact": None, "version": "base"}, "last": None}
+    artefact = Artefact(kind="lora", uri="/x", base_model="bundled", version="policy-e001")
+    assert loop._guard({"mean_reward": 0.6, "pass@4": 0.95}, artefact, "none") == {"ok": True}
+    assert loop.state["best"]["reward"] == 0.6 and "stopped" not in loop.state
+    verdict = loop._guard({"mean_reward": 0.7, "pass@4": 0.8}, artefact.model_copy(update={"version": "e2"}), "none")
+    assert verdict["ok"] is False and verdict["problems"] == ["validation pass@4 0.800 is below the accepted 0.9"]
+    assert loop.state["applied"] == loop.state["best"]["artefact"] and loop.state["best"]["reward"] == 0.6
+    assert loop.state["stopped"].startswith("validation pass@4 0.800 is below the accepted 0.9")
+
+    plan["guard"]["accept"] = {"pass@k": 0.5}
+    path.write_text(yaml.safe_dump(plan))
+    with pytest.raises(PlanError, match=r"key 'guard': accept: unknown metric 'pass@k': use mean_reward or pass@K"):
+        load_plan(path)
