@@ -66,7 +66,7 @@ class AsyncTrainLoop(TrainLoop):
             except OrchestratorError as exc:
                 raise TrainError(f"orchestrator: {exc}") from None
         finally:
-            self.close_trainers()
+            self.release()
             self.serving.stop()
         return self.state
 

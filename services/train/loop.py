@@ -35,6 +35,7 @@ from .curation import CurationError, curate, on_policy
 from .jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
 from .plan import RL_ADAPTERS, Plan, StageSection, trainer_args
 from .serving import Serving
+from .tracking import Tracker
 from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
 
 PHASES = ("collect", "curate", "optimize", "apply", "validate")
@@ -117,6 +118,7 @@ class TrainLoop:
         self.serving = Serving(plan, self.output / "serving")
         self.state: dict[str, Any] = {}
         self.trainers: dict[str, Any] = {}  # one adapter instance per name for the run (grpo: one process)
+        self.tracker: Tracker | None = None
 
     # ------------------------------------------------------------------ state
 
@@ -192,7 +194,7 @@ class TrainLoop:
                     self.log(f"stopped: {self.state['stopped']}")
                     break
         finally:
-            self.close_trainers()
+            self.release()
             self.serving.stop()
         return self.state
 
@@ -202,12 +204,16 @@ class TrainLoop:
             self.trainers[adapter] = load_adapter(adapter)
         return self.trainers[adapter]
 
-    def close_trainers(self) -> None:
+    def release(self) -> None:
+        """Stop the run's trainer processes and close its tracker."""
         for instance in self.trainers.values():
             close = getattr(instance, "close", None)
             if callable(close):
                 close()
         self.trainers.clear()
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
 
     def train(self, adapter: str, dataset: Path, config: TrainConfig, tick: Callable[[], None] | None = None) -> Artefact:
         """Run one optimize step through its adapter (in a child process or elsewhere) and record its
@@ -235,6 +241,9 @@ class TrainLoop:
             handle.write(orjson.dumps(line) + b"\n")
             handle.flush()
             os.fsync(handle.fileno())
+        if self.tracker is None:
+            self.tracker = Tracker(self.plan.tracking, self.output, self.log)
+        self.tracker.log(line)
         try:
             from .plot import plot_history
 

@@ -43,6 +43,7 @@ from ..config import import_target
 from .config_files import key_problems, read_mapping
 from .curation import CurateConfig
 from .orchestrator_config import OrchestratorConfig, task_file_problem
+from .tracking import TrackingSection
 from .trainers import BUILTIN, DATA_KIND
 
 # The adapters that train on the sampling policy's logprobs with rollgym's own objective (rl_trainer.py).
@@ -166,6 +167,8 @@ class Plan(_Strict):
     orchestrator: OrchestratorConfig | None = Field(default=None, description="mode: async")
     optimize: OptimizeSection | None = Field(default=None, description="mode: async: the trainer of every step")
     guard: GuardSection | None = None
+    tracking: TrackingSection = Field(default_factory=TrackingSection,
+                                      description="where history's numbers also go: tensorboard (default), wandb, none")
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":

@@ -7,6 +7,8 @@ that trains nothing, so these tests cost seconds; the TRL trainers have their ow
 
 from __future__ import annotations
 
+import importlib.util
+
 import signal
 import socket
 import subprocess
@@ -82,6 +84,8 @@ def test_a_plan_runs_its_epochs(tmp_path: Path, registry_file: Path) -> None:
     assert calls(tmp_path)[1][2] == history[1]["artefact"]
     assert (tmp_path / "run" / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert state["best"]["reward"] == 1.0 and not state["stopped"]
+    if importlib.util.find_spec("tensorboard"):  # the history's numbers also went to the default tracker
+        assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 class Interrupted(BaseException):
