@@ -124,6 +124,7 @@ class AsyncTrainLoop(TrainLoop):
                 line["validation"] = await asyncio.to_thread(self._validate, batch.step, folder)
             self._save_state()
             self._append_history(line)
+            self.prune()
             self._plot_steps()
 
     def _curate(self, rollouts: list[dict[str, Any]], folder: Path) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -337,7 +338,7 @@ class TrainLoop:
                 finish("validate", {"summary": self._validate(epoch, folder)}, time.perf_counter() - t)
             validation = phases["validate"]["summary"]
             guard = self._guard(validation, artefact, mode)
-        self._prune_serving()
+        self.prune()
         wall = time.perf_counter() - epoch_started
         timings = {name: phases[name]["s"] for name in PHASES if name in phases}
         collected = phases["collect"]["summary"]
@@ -494,17 +495,29 @@ class TrainLoop:
         self.log(f"guard: {'; '.join(problems)}: restored {self.serving.version}")
         return verdict
 
-    def _prune_serving(self) -> None:
-        """Delete merged GGUFs that are neither applied nor the best (each is hundreds of MB)."""
-        keep = set()
-        for key in ("applied", "last"):
-            if self.state.get(key):
-                keep.add(self.state[key].get("serving_uri"))
-        best = self.state.get("best") or {}
-        if best.get("artefact"):
-            keep.add(best["artefact"].get("serving_uri"))
-        for path in self.output.glob("epoch-*/train/policy-e*.gguf"):
-            if str(path) not in keep and str(path.resolve()) not in keep:
+    def prune(self) -> None:
+        """Delete what no resume or guard can need: merged GGUFs that are neither applied, last nor the
+        best (each is hundreds of MB), and with `checkpoints.keep_last: N` the weights and trainer state
+        of steps older than the last N (their artefact.json stays: a finished step is never redone)."""
+        kept: set[str] = set()
+        best = (self.state.get("best") or {}).get("artefact")
+        for artefact in (self.state.get("applied"), self.state.get("last"), best):
+            for uri in (artefact or {}).get("uri"), (artefact or {}).get("serving_uri"):
+                if uri:
+                    kept.add(str(Path(uri).resolve()))
+        for path in self.output.glob("*-*/train/policy-*.gguf"):
+            if str(path.resolve()) not in kept:
+                path.unlink(missing_ok=True)
+        keep_last = self.plan.checkpoints.keep_last
+        if not keep_last:
+            return
+        finished = sorted(train for train in self.output.glob("*-*/train") if (train / ARTEFACT_FILE).is_file())
+        for train in finished[:-keep_last]:
+            if any(uri.startswith(str(train.resolve()) + os.sep) for uri in kept):
+                continue
+            for name in ("checkpoint", "adapter"):
+                shutil.rmtree(train / name, ignore_errors=True)
+            for path in train.glob("*.gguf"):
                 path.unlink(missing_ok=True)
 
 

@@ -153,6 +153,11 @@ class GuardSection(_Strict):
         return self
 
 
+class CheckpointSection(_Strict):
+    keep_last: int | None = Field(default=None, ge=1, description="keep the weights and trainer state of the last N "
+                                  "steps (and the applied and best ones); None: all")
+
+
 class Plan(_Strict):
     base_model: str = "bundled"
     output: str
@@ -167,6 +172,7 @@ class Plan(_Strict):
     orchestrator: OrchestratorConfig | None = Field(default=None, description="mode: async")
     optimize: OptimizeSection | None = Field(default=None, description="mode: async: the trainer of every step")
     guard: GuardSection | None = None
+    checkpoints: CheckpointSection = Field(default_factory=CheckpointSection)
     tracking: TrackingSection = Field(default_factory=TrackingSection,
                                       description="where history's numbers also go: tensorboard (default), wandb, none")
 

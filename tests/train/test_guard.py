@@ -95,3 +95,33 @@ def test_acceptance_thresholds_keep_or_roll_back_an_epoch(tmp_path: Path) -> Non
     path.write_text(yaml.safe_dump(plan))
     with pytest.raises(PlanError, match=r"key 'guard': accept: unknown metric 'pass@k': use mean_reward or pass@K"):
         load_plan(path)
+
+
+def test_keep_last_prunes_old_weights_but_never_the_applied_or_best(tmp_path: Path) -> None:
+    import orjson
+
+    from rollgym.train.loop import TrainLoop
+    from rollgym.train.plan import load_plan
+
+    registry = tmp_path / "stack.json"
+    registry.write_bytes(orjson.dumps({"agent": {"url": "http://127.0.0.1:9", "role": "agents"}}))
+    tasks = str(REPO_ROOT / "resources_servers/weather/data/example.jsonl")
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump({
+        "output": str(tmp_path / "run"), "stack": {"registry_file": str(registry)}, "checkpoints": {"keep_last": 1},
+        "stages": [{"name": "s", "collect": {"input": tasks}, "optimize": {"adapter": "grpo"}, "apply": "none"}]}))
+    loop = TrainLoop(load_plan(path), progress=False)
+    artefacts = {}
+    for epoch in (1, 2, 3, 4):
+        train = loop.output / f"epoch-{epoch:03d}" / "train"
+        (train / "checkpoint" / "adapter").mkdir(parents=True)
+        (train / f"policy-e{epoch:03d}.gguf").write_bytes(b"GGUF")
+        artefacts[epoch] = {"uri": str(train / "checkpoint" / "adapter"), "serving_uri": str(train / f"policy-e{epoch:03d}.gguf")}
+        (train / "artefact.json").write_bytes(orjson.dumps(artefacts[epoch]))
+    (loop.output / "epoch-005" / "train" / "checkpoint").mkdir(parents=True)  # a step still running
+    loop.state = {"applied": artefacts[4], "last": artefacts[4], "best": {"reward": 1.0, "artefact": artefacts[2]}}
+    loop.prune()
+    present = {e: (loop.output / f"epoch-{e:03d}" / "train" / "checkpoint").is_dir() for e in (1, 2, 3, 4, 5)}
+    assert present == {1: False, 2: True, 3: False, 4: True, 5: True}
+    assert [p.name for p in sorted(loop.output.glob("epoch-*/train/*.gguf"))] == ["policy-e002.gguf", "policy-e004.gguf"]
+    assert all((loop.output / f"epoch-{e:03d}" / "train" / "artefact.json").is_file() for e in (1, 2, 3, 4))
