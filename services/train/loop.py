@@ -451,8 +451,8 @@ class TrainLoop:
         config = TrainConfig(
             base_model=self.plan.base_model, output_dir=str(folder / "train"), version=f"policy-e{epoch:03d}",
             init_adapter=previous.uri if previous else None, seed=seed,
-            export_gguf=self.plan.serve_dtype if stage.apply == "merged" else "none", args=trainer_args(self.plan, stage.optimize),
-            run_dir=str(self.output),
+            export_gguf=self.plan.serve_dtype if stage.apply == "merged" else "none",
+            args=trainer_args(self.plan, stage.optimize), run_dir=str(self.output),
         )
         bar = PhaseBar(epoch, "optimize", self.progress)
         try:
