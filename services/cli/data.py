@@ -53,11 +53,14 @@ def _add_curriculum(commands: Any) -> None:
     parser.add_argument("--output", required=True, help="the selected groups' rollouts, JSONL")
     parser.add_argument("--epoch", type=int, required=True, help="the training epoch, from 0")
     parser.add_argument("--sort", choices=("easy_to_hard", "hard_to_easy"), default=defaults.sort)
-    parser.add_argument("--min-reward-diff", type=float, default=defaults.min_reward_diff,
+    # Unlike a training plan's curriculum (0.1), the command keeps groups without a reward spread unless
+    # asked: it selects from any rollouts file, deterministic environments' included.
+    parser.add_argument("--min-reward-diff", type=float, default=0.0,
                         help="keep groups whose max-min reward is at least this (default 0.0: all)")
     parser.add_argument("--initial-percentile", type=float, default=defaults.initial_percentile)
     parser.add_argument("--increment-percentile", type=float, default=defaults.increment_percentile)
-    parser.add_argument("--expansion-interval", type=int, default=defaults.expansion_interval)
+    parser.add_argument("--expansion-interval", type=int, default=defaults.expansion_interval,
+                        help=f"epochs between expansions (default {defaults.expansion_interval})")
     parser.add_argument("--random-subsample", type=float, help="then keep this random fraction of the groups")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of --random-subsample")
     parser.add_argument("--drop-solved", action="store_true", help="first drop groups whose rollouts all got reward >= 1")

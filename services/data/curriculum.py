@@ -36,15 +36,16 @@ T = TypeVar("T")
 
 class CurriculumConfig(BaseModel):
     """The curriculum's parameters (NeMo Agent Toolkit's `curriculum_learning` section, where
-    `sort_ascending: false` is `sort="easy_to_hard"`)."""
+    `sort_ascending: false` is `sort="easy_to_hard"`), with its defaults: a group needs a reward
+    spread of 0.1 to teach anything, and the admitted share grows every 5 epochs."""
 
     model_config = ConfigDict(extra="forbid")
 
     sort: Literal["easy_to_hard", "hard_to_easy"] = "easy_to_hard"
-    min_reward_diff: float = Field(default=0.0, ge=0.0, description="least max-min reward of a kept group")
+    min_reward_diff: float = Field(default=0.1, ge=0.0, description="least max-min reward of a kept group")
     initial_percentile: float = Field(default=0.3, gt=0.0, le=1.0, description="fraction of groups at epoch 0")
     increment_percentile: float = Field(default=0.2, ge=0.0, le=1.0, description="fraction added per expansion")
-    expansion_interval: int = Field(default=1, ge=1, description="epochs between expansions")
+    expansion_interval: int = Field(default=5, ge=1, description="epochs between expansions")
     random_subsample: float | None = Field(default=None, gt=0.0, le=1.0, description="keep this random fraction")
     seed: int = 0
 

@@ -2,8 +2,9 @@
 
 Filters run in this order (each one optional, from the plan's `curate` section):
 stale (model_version is not the one being trained) → failed (no reward) → no usable token sequence →
-tool errors (`tool_success_only`) → `min_reward` → the curriculum (`rollgym.curriculum`, evaluated
-at the loop's epoch) → `min_reward_spread` per group → `top_k_per_group` → `dedupe_prompts`.
+tool errors (`tool_success_only`) → the curriculum (`rollgym.curriculum`, evaluated at the loop's
+epoch, on whole groups) → `min_reward` → `min_reward_spread` per group → `top_k_per_group` →
+`dedupe_prompts`.
 Then one transform: `to_sft` (one record per rollout), `to_preferences` (chosen/rejected pairs of a
 group, `export.dpo_pairs`), `to_groups` (GRPO groups with advantages, `export.grpo_record`).
 

@@ -94,9 +94,13 @@ GROUPS["g5"] = [0.5, 0.5]
 
 
 def test_percentile_grows_per_expansion_interval() -> None:
-    config = CurriculumConfig(initial_percentile=0.3, increment_percentile=0.2, expansion_interval=2)
+    config = CurriculumConfig(initial_percentile=0.3, increment_percentile=0.2, expansion_interval=2, min_reward_diff=0)
     assert [config.percentile(e) for e in range(8)] == pytest.approx([0.3, 0.3, 0.5, 0.5, 0.7, 0.7, 0.9, 0.9])
-    assert CurriculumConfig(initial_percentile=0.5, increment_percentile=0.3).percentile(5) == 1.0
+    assert CurriculumConfig(initial_percentile=0.5, increment_percentile=0.3, expansion_interval=1).percentile(5) == 1.0
+    # The finetuning harness's defaults: a group needs a spread of 0.1; the share grows every 5 epochs.
+    defaults = CurriculumConfig()
+    assert (defaults.min_reward_diff, defaults.expansion_interval) == (0.1, 5)
+    assert [defaults.percentile(e) for e in (0, 4, 5, 10)] == pytest.approx([0.3, 0.3, 0.5, 0.7])
     assert select_groups(GROUPS, config, 0) == ["g9", "g8", "g7"]  # ceil(0.3 × 10) = 3, not 4
     assert select_groups(GROUPS, config, 3) == ["g9", "g8", "g7", "g6", "g5"]
     assert select_groups(GROUPS, config, 7) == ["g9", "g8", "g7", "g6", "g5", "g4", "g3", "g2", "g1"]
@@ -104,7 +108,8 @@ def test_percentile_grows_per_expansion_interval() -> None:
 
 
 def test_sort_and_spread_filter() -> None:
-    config = CurriculumConfig(sort="hard_to_easy", min_reward_diff=0.1, initial_percentile=0.25, increment_percentile=0.25)
+    config = CurriculumConfig(sort="hard_to_easy", min_reward_diff=0.1, initial_percentile=0.25, increment_percentile=0.25,
+                              expansion_interval=1)
     # g5 (spread 0) is out; 9 groups left; ceil(0.25 × 9) = 3 hardest.
     assert select_groups(GROUPS, config, 0) == ["g0", "g1", "g2"]
     chosen, stages = select_groups_staged(GROUPS, config, 1)
@@ -117,7 +122,7 @@ def test_sort_and_spread_filter() -> None:
     assert select_groups({"a": [0.15, 0.05]}, CurriculumConfig(min_reward_diff=0.1, initial_percentile=1.0), 0) == ["a"]
     # Ties in mean reward go by group id, naturally ordered.
     ties = {"t10": [0.5], "t2": [0.5], "t1": [0.5]}
-    assert select_groups(ties, CurriculumConfig(initial_percentile=1.0), 0) == ["t1", "t2", "t10"]
+    assert select_groups(ties, CurriculumConfig(initial_percentile=1.0, min_reward_diff=0), 0) == ["t1", "t2", "t10"]
 
 
 def test_random_subsample_is_seeded_and_keeps_curriculum_order() -> None:
@@ -198,7 +203,7 @@ def test_cli_later_epoch_hard_to_easy_and_difficulty_flags(real: dict[str, Any],
     assert code == 0
     assert groups_of(out) == ["g-qqq", "g-bridgexyz"]  # p = 0.2 + 0.2 × (3 // 2) = 0.4 → 2 hardest
     code, stdout, _ = run_main(capsys, "curriculum", "--input", str(real["rollouts"]), "--output", str(out), "--epoch", "9",
-                               "--drop-solved", "--drop-unsolved")
+                               "--drop-solved", "--drop-unsolved", "--expansion-interval", "1")
     assert code == 0
     assert groups_of(out) == ["g-bridges", "g-abridges", "g-bridgexyz"]
     assert "drop solved and unsolved" in stdout and "kept 3 of 5 groups (9 rollouts)" in stdout
@@ -213,7 +218,8 @@ def test_cli_subsample_malformed_lines_and_errors(real: dict[str, Any], tmp_path
     lines = real["rollouts"].read_text().splitlines()
     source.write_text("\n".join(lines[:3] + ["not json", json.dumps({"group_id": "x"})] + lines[3:]) + "\n")
     out = tmp_path / "out.jsonl"
-    args = ("curriculum", "--input", str(source), "--output", str(out), "--epoch", "5", "--random-subsample", "0.6", "--seed", "1")
+    args = ("curriculum", "--input", str(source), "--output", str(out), "--epoch", "5", "--random-subsample", "0.6",
+            "--seed", "1", "--expansion-interval", "1")
     code, stdout, stderr = run_main(capsys, *args)
     assert code == 0
     assert f"{source}:4: skipped: not valid JSON" in stderr

@@ -87,7 +87,8 @@ def test_sft_filters_in_order() -> None:
 
 def test_min_reward_spread_and_curriculum_per_epoch() -> None:
     rows = group("easy", [1.0, 0.5]) + group("mid", [0.5, 0.0]) + group("hard", [0.25, 0.0]) + group("flat", [0.5, 0.5])
-    curriculum = CurriculumConfig(initial_percentile=0.34, increment_percentile=0.34, expansion_interval=1)
+    curriculum = CurriculumConfig(initial_percentile=0.34, increment_percentile=0.34, expansion_interval=1,
+                                  min_reward_diff=0)
     first = curate(rows, "groups", CurateConfig(curriculum=curriculum, min_reward_spread=0.3), epoch=0)
     assert [g["group_id"] for g in first.records] == ["easy"]
     assert first.dropped == {"curriculum": 4, "low_reward_spread": 2}  # easiest 2 of 4: easy and flat
