@@ -48,14 +48,19 @@ def log_cause(log: Path, lines: int = 12) -> str:
 _PR_SET_PDEATHSIG = 1
 
 
-def own_group_dies_with_parent() -> None:
-    # In the child before exec: its own process group (so cancel() reaches the trainer's helpers too),
-    # and SIGKILL from the kernel if the loop dies, so a killed run leaves no trainer behind.
-    os.setsid()
+def die_with_parent() -> None:
+    """Ask the kernel for SIGKILL when the parent process dies (Linux; elsewhere nothing)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def own_group_dies_with_parent() -> None:
+    # In the child before exec: its own process group (so cancel() reaches the trainer's helpers too),
+    # and SIGKILL from the kernel if the loop dies, so a killed run leaves no trainer behind.
+    os.setsid()
+    die_with_parent()
 
 
 class SubprocessJob:
@@ -122,4 +127,5 @@ class SubprocessJob:
                 self.process.wait()
 
 
-__all__ = ["ARTEFACT_FILE", "LOG_FILE", "SubprocessJob", "finished_artefact", "log_cause", "own_group_dies_with_parent"]
+__all__ = ["ARTEFACT_FILE", "LOG_FILE", "SubprocessJob", "die_with_parent", "finished_artefact", "log_cause",
+           "own_group_dies_with_parent"]

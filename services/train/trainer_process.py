@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from .jobs import ARTEFACT_FILE, own_group_dies_with_parent, log_cause
+from .jobs import ARTEFACT_FILE, die_with_parent, log_cause, own_group_dies_with_parent
 from .trainers import Artefact, JobStatus, TrainConfig, TrainingFailed
 
 FAILED_FILE = "failed.json"
@@ -135,18 +135,22 @@ class LongLivedTrainer:
                                             preexec_fn=own_group_dies_with_parent)
 
     def close(self) -> None:
-        """Stop the process (it finishes the request at hand first when asked politely)."""
+        """Stop the process: asked politely it finishes the request at hand; one that does not stop is
+        sent SIGTERM (torchrun then stops its workers), and at last SIGKILL."""
+        import signal
+
         if self.process is None:
             return
         if self.process.poll() is None and self.control is not None:
             (self.control / STOP_FILE).touch()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                import signal
-
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+            for sent in (None, signal.SIGTERM, signal.SIGKILL):
+                if sent is not None:
+                    os.killpg(self.process.pid, sent)
+                try:
+                    self.process.wait(timeout=30 if sent is None else 15)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         self.process = None
 
 
@@ -182,6 +186,7 @@ def serve(control: Path) -> int:
     from .rl_trainer import DistInfo, PolicyTrainer, RLArgs
     from .trl_trainers import read_records
 
+    die_with_parent()  # under torchrun, a worker whose launcher died must not wait in a collective forever
     dist = DistInfo()
     dist.init()
     trainer: PolicyTrainer | None = None
