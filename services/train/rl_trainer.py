@@ -367,6 +367,8 @@ class PolicyTrainer:
         step per batch (or `mini_batches`); returns the steps' metrics, averaged."""
         args = self.args
         by_group = sequences_of(groups, args.temperature)
+        if not by_group:
+            raise TrainingFailed("no groups to train on")
         order = list(range(len(by_group)))
         per_step = args.groups_per_step or len(order)
         passes = max(1, math.ceil(args.epochs))
