@@ -61,10 +61,12 @@ class Curated:
     rollouts_in: int
     rollouts_kept: int
     dropped: Counter = field(default_factory=Counter)
+    replayed: int = 0  # of rollouts_in, how many came from replayed files
 
     def summary(self) -> dict[str, Any]:
         return {"kind": self.kind, "records": len(self.records), "rollouts_in": self.rollouts_in,
-                "rollouts_kept": self.rollouts_kept, "dropped": {k: v for k, v in sorted(self.dropped.items()) if v}}
+                "rollouts_kept": self.rollouts_kept, "dropped": {k: v for k, v in sorted(self.dropped.items()) if v},
+                **({"replayed": self.replayed} if self.replayed else {})}
 
 
 def model_versions(rollout: dict[str, Any]) -> set[str]:

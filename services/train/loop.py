@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from ..client import ServerClient
 from ..rollouts.collector import CollectOptions, Collector
-from .curation import CurationError, curate, on_policy
+from .curation import Curated, CurationError, curate, on_policy
 from .jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
 from .plan import RL_ADAPTERS, Plan, StageSection, trainer_args
 from .serving import Serving
@@ -285,11 +285,8 @@ class TrainLoop:
         if "curate" not in phases:
             t = time.perf_counter()
             bar = PhaseBar(epoch, "curate", self.progress)
-            rollouts = read_rollouts(folder / "rollouts.jsonl")
-            repeats = stage.collect.repeats
             try:
-                curated = curate(rollouts, stage.optimize.data or "sft", stage.curate, epoch=epoch - 1,
-                                 version=version, group_size=repeats, stage=f"epoch {epoch} ({stage.name})")
+                curated = self._curate_epoch(epoch, stage, folder, version)
                 dropped = curated.summary()["dropped"]
                 if not curated.records and not set(dropped) <= NO_SIGNAL:
                     raise CurationError(f"epoch {epoch} ({stage.name}): nothing left to train on after curation "
@@ -356,6 +353,21 @@ class TrainLoop:
         }
         self._append_history(line)
 
+    def _curate_epoch(self, epoch: int, stage: StageSection, folder: Path, version: str | None) -> Curated:
+        """The epoch's live rollouts (on-policy: of the served version) and the stage's replayed ones
+        (any version: off-policy by design), curated alike; one set of records."""
+        kind = stage.optimize.data or "sft"
+        where = f"epoch {epoch} ({stage.name})"
+        live = curate(read_rollouts(folder / "rollouts.jsonl"), kind, stage.curate, epoch=epoch - 1, version=version,
+                      group_size=stage.collect.repeats if stage.collect else None, stage=where)
+        if not stage.replay:
+            return live
+        rows = [row for file in stage.replay for row in read_rollouts(Path(file))]
+        replayed = curate(rows, kind, stage.curate, epoch=epoch - 1, stage=f"{where} replay")
+        return Curated(kind, live.records + replayed.records, live.rollouts_in + replayed.rollouts_in,
+                       live.rollouts_kept + replayed.rollouts_kept, live.dropped + replayed.dropped,
+                       replayed=replayed.rollouts_in)
+
     def _skipped_line(self, epoch: int, stage: StageSection, phases: dict[str, Any]) -> dict[str, Any]:
         """The history line of an epoch whose data held no learning signal: no step, no new model."""
         collected = phases["collect"]["summary"]
@@ -382,6 +394,8 @@ class TrainLoop:
     # ------------------------------------------------------------------ phases
 
     def _collect(self, epoch: int, stage: StageSection, folder: Path) -> dict[str, Any]:
+        if stage.collect is None:  # a replay-only stage trains offline
+            return {"rollouts": 0, "failed": 0, "replay": list(stage.replay)}
         params = {**stage.collect.params, **self.serving.request_params()}
         options = CollectOptions(input=Path(stage.collect.input), output=folder / "rollouts.jsonl",
                                  repeats=stage.collect.repeats, limit=stage.collect.limit, params=params,

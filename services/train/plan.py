@@ -120,12 +120,20 @@ class OptimizeSection(_Strict):
 class StageSection(_Strict):
     name: str
     epochs: int = Field(default=1, ge=1)
-    collect: CollectSection
+    collect: CollectSection | None = Field(default=None, description="live rollouts through the stack")
+    replay: list[str] = Field(default_factory=list, description="rollouts files (collect-rollouts' or an earlier "
+                                                                "run's) curated with every epoch's live rollouts")
     curate: CurateConfig = Field(default_factory=CurateConfig)
     optimize: OptimizeSection
     apply: Literal["lora", "merged", "none"] = Field(
         default="merged", description="lora: hot-load the adapter (POST /v1/load_lora_adapter); merged: serve the "
                                       "merged weights as a GGUF of serve_dtype (embedded model); none")
+
+    @model_validator(mode="after")
+    def _has_data(self) -> "StageSection":
+        if self.collect is None and not self.replay:
+            raise ValueError("a stage trains on collect (live rollouts), replay (rollouts files), or both")
+        return self
 
 
 class ValidationSection(_Strict):
@@ -205,7 +213,7 @@ class Plan(_Strict):
         the collection's, and top-p/top-k truncation (which it cannot rebuild) is refused, by key."""
         pairs: list[tuple[str, dict[str, Any], str, OptimizeSection]] = [
             (f"stages[{i}].collect.params", stage.collect.params, f"stages[{i}].optimize", stage.optimize)
-            for i, stage in enumerate(self.stages)]
+            for i, stage in enumerate(self.stages) if stage.collect is not None]
         if self.orchestrator is not None and self.optimize is not None:
             pairs += [(f"orchestrator.envs[{i}].params", env.params, "optimize", self.optimize)
                       for i, env in enumerate(self.orchestrator.envs)]
@@ -249,7 +257,7 @@ def trainer_args(plan: Plan, optimize: OptimizeSection) -> dict[str, Any]:
             plan.orchestrator.max_steps or 0)
     else:
         total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.input))
-                    for stage in plan.stages if stage.optimize is optimize)
+                    for stage in plan.stages if stage.optimize is optimize and stage.collect is not None)
     if total:
         args["total_steps"] = total
     return args
@@ -345,7 +353,10 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
         problems.append(("output", f"{output} is a file; a run's output is a folder"))
     if plan.base_model.endswith(".gguf") and not Path(plan.base_model).is_file():
         problems.append(("base_model", f"no such GGUF file: {plan.base_model}"))
-    inputs = [(f"stages[{i}].collect.input", stage.collect.input) for i, stage in enumerate(plan.stages)]
+    inputs = [(f"stages[{i}].collect.input", stage.collect.input) for i, stage in enumerate(plan.stages)
+              if stage.collect is not None]
+    problems += [(f"stages[{i}].replay[{j}]", f"no such rollouts file: {file}") for i, stage in enumerate(plan.stages)
+                 for j, file in enumerate(stage.replay) if not Path(file).is_file()]
     if plan.validation is not None:
         inputs.append(("validation.input", plan.validation.input))
     if plan.orchestrator is not None:

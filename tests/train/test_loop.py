@@ -225,3 +225,31 @@ def test_rollouts_of_another_version_are_excluded(tmp_path: Path, registry_file:
     loop.state = {"applied": None, "best": None, "last": None, "stopped": None}
     with pytest.raises(TrainError, match=r"nothing left to train on after curation \(\{'stale': 6\}\)"):
         loop._epoch(1, loop.plan.stages[0], "none")
+
+
+def test_replayed_rollouts_train_offline_or_beside_live_ones(tmp_path: Path, registry_file: Path) -> None:
+    """A stage can train on rollouts files (an earlier collection) instead of, or besides, collecting:
+    curated alike, and never dropped as stale (they are off-policy by design)."""
+    for name in "abcd":
+        (tmp_path / name).mkdir()
+    first = TrainLoop(load_plan(make_plan(tmp_path / "a", registry_file, stages=[{
+        "name": "sft", "collect": {"input": str(TASKS), "repeats": 2, "limit": 3},
+        "optimize": {"adapter": f"{TOY}:CountingTrainer", "data": "sft"}, "apply": "none"}])), progress=False)
+    first.run()
+    earlier = tmp_path / "a" / "run" / "epoch-001" / "rollouts.jsonl"
+    assert len(read_rollouts(earlier)) == 6
+    offline = {"name": "offline", "replay": [str(earlier)], "optimize": {"adapter": f"{TOY}:CountingTrainer",
+                                                                        "data": "sft"}, "apply": "none"}
+    mixed = {**offline, "name": "mixed", "collect": {"input": str(TASKS), "repeats": 2, "limit": 1}}
+    loop = TrainLoop(load_plan(make_plan(tmp_path / "b", registry_file, stages=[offline, mixed])), progress=False)
+    loop.run()
+    lines = {line["stage"]: line for line in loop.history() if line["epoch"] > 0}
+    assert lines["offline"]["train"]["rollouts"] == 0
+    assert lines["offline"]["curated"]["rollouts_in"] == 6 and lines["offline"]["curated"]["replayed"] == 6
+    assert lines["offline"]["curated"]["records"] == 6 and "stale" not in lines["offline"]["curated"]["dropped"]
+    assert lines["mixed"]["train"]["rollouts"] == 2 and lines["mixed"]["curated"]["rollouts_in"] == 8
+    assert lines["mixed"]["curated"]["replayed"] == 6
+    with pytest.raises(Exception, match=r"key 'stages\[0\]\.replay\[0\]': no such rollouts file: nope\.jsonl"):
+        load_plan(make_plan(tmp_path / "c", registry_file, stages=[{**offline, "replay": ["nope.jsonl"]}]))
+    with pytest.raises(Exception, match=r"a stage trains on collect \(live rollouts\), replay \(rollouts files\), or both"):
+        load_plan(make_plan(tmp_path / "d", registry_file, stages=[{k: v for k, v in offline.items() if k != "replay"}]))
