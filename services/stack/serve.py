@@ -10,6 +10,7 @@ A replica of a server that runs as several (`replicas: N`) tags its responses wi
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import inspect
 import sys
@@ -161,7 +162,11 @@ def run_server(stack: dict[str, Any], name: str, fd: int | None, replica: int = 
         return 2
     import uvicorn
 
-    uvicorn.Server(uvicorn_config(server, app, fd=fd)).run()
+    config = uvicorn_config(server, app, fd=fd)
+    # What is imported and built by now lives as long as the server (~140k objects): frozen out of the
+    # cyclic GC's reach, its full passes (~0.1 s each under load) walk only what requests allocate.
+    gc.freeze()
+    uvicorn.Server(config).run()
     return 0
 
 
