@@ -10,9 +10,13 @@ Every model server speaks vLLM's adapter API, so one trainer drives the embedded
 A request's `model` picks the weights: an adapter's name → that adapter; the base model's name →
 the base weights; anything else (no `model`, another name) → the *policy*, the adapter loaded most
 recently (the base when none is), so a trainer that publishes a new adapter moves every following
-rollout onto it without rewriting the task rows. Each load gets the next number of a counter that
-only grows, and the weights that answered a request are named by `model_version`: `name@N` for an
-adapter, the base model's name for the base.
+rollout onto it without rewriting the task rows. The weights that answered a request are named by
+`model_version`: `name@DIGEST` for an adapter, where DIGEST is the first 12 hex digits of the sha256 of
+its files (relative names and bytes, in name order; a path the server cannot read, such as one on a
+vLLM host, by the path itself), and the base model's name for the base. A version names the weights,
+not the load: loading the same files again, after a restart or under `load_inplace`, gives the same
+version, so rollouts sampled before a restart stay on-policy, while new weights under the same name
+give a new one.
 
 Swaps are atomic from the caller's side: a request resolves its adapter once, on arrival, and keeps
 that object to the end; a load replaces the registry entry only after the new weights are attached,
@@ -24,8 +28,10 @@ a failed load changes nothing. The weights themselves are the server's business
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,18 +58,41 @@ class UnloadLoraAdapterRequest(BaseModel):
 
 @dataclass(frozen=True)
 class Adapter:
-    """One loaded adapter: what it is called, where it came from, its load number and the server's handle."""
+    """One loaded adapter: what it is called, where it came from, its load number (which orders loads:
+    the latest is the policy), the digest of its files and the server's handle."""
 
     name: str
     path: str
     load_id: int
+    digest: str = ""
     handle: Any = field(default=None, compare=False, repr=False)
     loaded_at: float = field(default_factory=time.time)
     load_s: float = 0.0
 
     @property
     def version(self) -> str:
-        return f"{self.name}@{self.load_id}"
+        return f"{self.name}@{self.digest or self.load_id}"
+
+
+def content_digest(path: str) -> str:
+    """12 hex digits of the sha256 of an adapter's files (a folder's files in relative-name order, or
+    one file); for a path this process cannot read, of the path string. Files a server derives from
+    the adapter and caches beside it (`*.rollgym-*`, the embedded model's GGUF conversion) are left out."""
+    root = Path(path)
+    sha = hashlib.sha256()
+    if root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.is_file() and ".rollgym-" not in p.name)
+    else:
+        files = [root] if root.is_file() else []
+    if not files:
+        sha.update(b"path\0" + path.encode())
+    for file in files:
+        sha.update(str(file.relative_to(root) if file != root else file.name).encode() + b"\0")
+        with file.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                sha.update(chunk)
+        sha.update(b"\0")
+    return sha.hexdigest()[:12]
 
 
 class AdapterRegistry:

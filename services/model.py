@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request, Response
 
-from .adapters import (Adapter, AdapterRegistry, LoadLoraAdapterRequest, UnloadLoraAdapterRequest, model_card,
-                       stamp_version)
+from .adapters import (Adapter, AdapterRegistry, LoadLoraAdapterRequest, UnloadLoraAdapterRequest, content_digest,
+                       model_card, stamp_version)
 from .schema import ResponsesCreateParams
 from .server import BadRequest, BaseServer, JSONBytesResponse, parse_body, read_json
 from .streaming import stream_chat_completion, stream_response, wants_usage
@@ -44,7 +44,7 @@ class ModelServer(BaseServer):
         return self.adapters.resolve(payload.get("model"), self.model_names())
 
     def version_of(self, adapter: Adapter | None) -> str:
-        """`model_version` of the weights that answer: the adapter's `name@N`, or the base model's name."""
+        """`model_version` of the weights that answer: the adapter's `name@DIGEST`, or the base model's name."""
         return adapter.version if adapter is not None else self.model_names()[0]
 
     async def attach_adapter(self, request: LoadLoraAdapterRequest) -> Any:
@@ -69,14 +69,15 @@ class ModelServer(BaseServer):
         if name in self.model_names():
             raise BadRequest(f"'{name}' is the base model's name; choose another lora_name", field="lora_name",
                              status=400)
-        async with self._adapter_lock:  # one load at a time: load numbers follow completion order
+        async with self._adapter_lock:  # one load at a time: the latest load is the policy
             if name in registry and not request.load_inplace:
                 raise BadRequest(f"The lora adapter '{name}' has already been loaded; send load_inplace: true "
                                  "to replace its weights", field="lora_name", status=400)
             started = time.perf_counter()
             handle = await self.attach_adapter(request)
-            adapter = Adapter(name=name, path=request.lora_path, load_id=registry.next_id(), handle=handle,
-                              load_s=time.perf_counter() - started)
+            digest = await asyncio.to_thread(content_digest, request.lora_path)
+            adapter = Adapter(name=name, path=request.lora_path, load_id=registry.next_id(), digest=digest,
+                              handle=handle, load_s=time.perf_counter() - started)
             previous = registry.put(adapter)
         if previous is not None:
             await self.detach_adapter(previous)

@@ -3,8 +3,9 @@
 - `lora`: vLLM's runtime route, which every rollgym model server offers too:
   `POST /v1/load_lora_adapter {"lora_name": version, "lora_path": artefact.uri}` on every replica of
   the policy model; requests then select it with `model: version`. The exact `model_version` the
-  replicas report for it (`name@N`, from `GET /v1/models`) is what every rollout must carry, so a
-  rollout sampled before a reload of the same name is stale too.
+  replicas report for it (`name@DIGEST`, from `GET /v1/models`, a digest of the adapter's files) is
+  what every rollout must carry: a rollout sampled from other weights loaded under the same name is
+  stale, and one sampled before a restart that loads the same files again is not.
 - `merged`: the embedded llama.cpp model serves the merged weights as a GGUF of the plan's
   `serve_dtype` (written by the trainer, `gguf_export.py`); applying restarts the stack's servers on
   that file. Its model name, the file's stem, is the version the rollouts report. The base model is

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
+from rollgym.adapters import content_digest
 from rollgym.testing import REPO_ROOT, scripted_backend, serve_in_thread
 
 
@@ -28,11 +29,12 @@ def test_load_list_unload_through_the_registry(tmp_path: Path) -> None:
 
             loaded = rollgym("load", "step-1", str(adapter), *where)
             assert loaded.returncode == 0, loaded.stderr
-            assert "added successfully. now serving step-1@1" in loaded.stdout
+            step_1 = f"step-1@{content_digest(str(adapter))}"  # the version names the files
+            assert f"added successfully. now serving {step_1}" in loaded.stdout
             listed = rollgym("list", *where, "--json")
             assert listed.returncode == 0, listed.stderr
             models = json.loads(listed.stdout)["answer"]["data"]
-            assert [(m["id"], m["model_version"]) for m in models] == [("scripted", "scripted"), ("step-1", "step-1@1")]
+            assert [(m["id"], m["model_version"]) for m in models] == [("scripted", "scripted"), ("step-1", step_1)]
             unloaded = rollgym("unload", "step-1", *where)
             assert unloaded.returncode == 0 and "now serving scripted" in unloaded.stdout
 

@@ -19,6 +19,7 @@ from typing import Iterator
 import orjson
 import pytest
 
+from rollgym.adapters import content_digest
 from rollgym.client import ServerAddress
 from rollgym.train.async_loop import AsyncTrainLoop
 from rollgym.train.plan import PlanError, load_plan
@@ -57,11 +58,12 @@ def test_async_plan_trains_hot_loads_and_validates_per_step(stack, tmp_path):
     run = tmp_path / "run"
     history = [orjson.loads(line) for line in (run / "history.jsonl").read_bytes().splitlines()]
     assert [line["step"] for line in history] == [0, 1, 2, 3]
-    assert [line["model_version"] for line in history] == [None, "policy@1", "policy@2", "policy@3"]
+    loaded = [f"policy@{content_digest(str(run / f'step-00{n}' / 'train' / 'adapter'))}" for n in (1, 2, 3)]
+    assert [line["model_version"] for line in history] == [None, *loaded]
     # The base model's validation, then every 2nd step's, on the adapter just loaded.
     assert [bool(line.get("validation")) for line in history] == [True, False, True, False]
     validation = [orjson.loads(line) for line in (run / "step-002" / "validation.jsonl").read_bytes().splitlines()]
-    assert {r["response"]["model_version"] for r in validation} == {"policy@2"}
+    assert {r["response"]["model_version"] for r in validation} == {loaded[1]}
     # Each step trained once, from the previous step's adapter, on that step's batch (4 rollouts as SFT rows).
     calls = (run / "calls.log").read_text().split("\n")[:-1]
     assert [c.split()[:2] for c in calls] == [["policy-s001", "4"], ["policy-s002", "4"], ["policy-s003", "4"]]

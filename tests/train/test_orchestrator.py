@@ -199,7 +199,7 @@ def test_failures_are_retried_reported_and_never_in_a_batch(tmp_path):
 
 def test_hot_loaded_versions_bound_what_each_step_is_sampled_from(stack, tmp_path):
     """The trainer publishes an adapter per step; the scripted backend answers '[policy] ...' once one
-    is loaded and every item says which load (policy@N) sampled it: the bounds hold on those versions."""
+    is loaded and every item says which adapter (policy@DIGEST) sampled it: the bounds hold on those versions."""
     cfg = config(tmp_path, max_steps=5, max_async_level=1, max_off_policy_steps=1, oversampling_factor=1.5,
                  model_servers=None)
     orchestrator = Orchestrator(cfg, stack, tmp_path / "out", log=lambda _: None)

@@ -20,7 +20,8 @@ class CountingTrainer:
         rows = [orjson.loads(line) for line in dataset.read_bytes().splitlines() if line.strip()]
         out = Path(config.output_dir)
         (out / "adapter").mkdir(parents=True, exist_ok=True)
-        (out / "adapter" / "adapter_config.json").write_text("{}")
+        # Each step's files differ, as a real trainer's do: the served version is a digest of them.
+        (out / "adapter" / "adapter_config.json").write_text(orjson.dumps({"trained_as": config.version}).decode())
         with (out.parents[1] / "calls.log").open("a") as log:
             log.write(f"{config.version} {len(rows)} {config.init_adapter}\n")
         time.sleep(float(config.args.get("sleep_s", 0)))

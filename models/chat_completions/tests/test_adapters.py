@@ -20,6 +20,7 @@ import httpx
 from agents.simple_agent.app import SimpleAgent, SimpleAgentConfig
 from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
 from resources_servers.reverse_text.app import ReverseTextServer
+from rollgym.adapters import content_digest
 from rollgym.client import ServerAddress
 from rollgym.testing import free_port, scripted_backend, serve_in_thread
 
@@ -51,7 +52,8 @@ def test_load_forwards_to_every_vllm_backend_and_selects_by_name(tmp_path: Path)
         loaded = client.post("/v1/load_lora_adapter", json={"lora_name": "step-1", "lora_path": str(tmp_path)})
         assert loaded.status_code == 200, loaded.text
         report = loaded.json()
-        assert report["model_version"] == "step-1@1" and report["policy"] == "step-1@1"
+        step_1 = f"step-1@{content_digest(str(tmp_path))}"
+        assert report["model_version"] == step_1 and report["policy"] == step_1
         assert [(b["base_url"], b["ok"], b["status"]) for b in report["backends"]] == [(u, True, 200) for u in backends]
         for url in backends:
             assert "step-1" in [m["id"] for m in httpx.get(f"{url}/models").json()["data"]]
@@ -60,7 +62,7 @@ def test_load_forwards_to_every_vllm_backend_and_selects_by_name(tmp_path: Path)
         for _ in range(2):  # new sessions go to either backend: both serve the adapter
             tuned = client.post("/v1/responses", json={"input": "Reverse this text: bridge"}).json()
             assert answer_text(tuned) == "[step-1] egdirb" and tuned["model"] == "step-1"
-            assert {item["model_version"] for item in tuned["output"]} == {"step-1@1"}
+            assert {item["model_version"] for item in tuned["output"]} == {step_1}
         by_base_name = client.post("/v1/responses", json={"input": "Reverse this text: bridge", "model": "scripted"})
         assert answer_text(by_base_name.json()) == "egdirb"
         chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
@@ -79,7 +81,13 @@ def test_sglang_routes_and_model_syntax(tmp_path: Path) -> None:
         assert answer_text(client.post("/v1/responses", json={"input": "Reverse this text: abc"}).json()) == "[sft] cba"
         again = client.post("/v1/load_lora_adapter",
                             json={"lora_name": "sft", "lora_path": str(tmp_path), "load_inplace": True})
-        assert again.status_code == 200 and again.json()["model_version"] == "sft@2"
+        first = loaded.json()["model_version"]
+        assert again.status_code == 200 and again.json()["model_version"] == first  # the same files: the same version
+        (tmp_path / "adapter_model.safetensors").write_bytes(b"new weights")
+        changed = client.post("/v1/load_lora_adapter",
+                              json={"lora_name": "sft", "lora_path": str(tmp_path), "load_inplace": True})
+        assert changed.status_code == 200 and changed.json()["model_version"] not in (first, "sft@2")
+        assert changed.json()["model_version"] == f"sft@{content_digest(str(tmp_path))}"
         missing = client.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path / "no")})
         assert missing.status_code == 400 and "No adapter found" in missing.text
 
@@ -138,10 +146,11 @@ def test_load_while_32_rollouts_are_in_flight(tmp_path: Path) -> None:
         results = asyncio.run(scenario())
     assert [r["status"] for r in results] == ["ok"] * 32
     versions = [r["response"]["output"][-1]["model_version"] for r in results]
-    assert versions == ["scripted"] * 16 + ["hot@1"] * 16
+    hot = f"hot@{content_digest(str(tmp_path))}"
+    assert versions == ["scripted"] * 16 + [hot] * 16
     for result, version in zip(results, versions):  # each item's version is the weights that sampled it
         text = answer_text(result["response"])
-        assert text == ("[hot] egdirb" if version == "hot@1" else "egdirb"), (version, text)
+        assert text == ("[hot] egdirb" if version == hot else "egdirb"), (version, text)
         assert result["sequences"][0]["model_versions"] == [version]
         assert isinstance(result["reward"], float)
 
