@@ -61,6 +61,26 @@ def read_json(path: Path, default: Any) -> Any:
     return orjson.loads(path.read_bytes()) if path.is_file() else default
 
 
+# What a resumed run may change: how rollouts are retried and filtered, how the run is guarded,
+# tracked and pruned; never what the steps already taken trained on or toward.
+RESUMABLE_CHANGES = ("stack.concurrency", "stack.timeout_s", "stack.max_attempts", "stack.budget_s",
+                     "orchestrator.difficulty", "orchestrator.max_drops_per_step", "orchestrator.concurrency",
+                     "orchestrator.timeout_s", "orchestrator.max_attempts", "orchestrator.budget_s",
+                     "guard", "tracking", "checkpoints")
+
+
+def _what_is_trained(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan's dump without the keys a resumed run may change."""
+    kept = {key: dict(value) if isinstance(value, dict) else value for key, value in plan.items()}
+    for dotted in RESUMABLE_CHANGES:
+        section, _, key = dotted.partition(".")
+        if not key:
+            kept.pop(section, None)
+        elif isinstance(kept.get(section), dict):
+            kept[section].pop(key, None)
+    return kept
+
+
 def _is_json(line: bytes) -> bool:
     try:
         orjson.loads(line)
@@ -146,10 +166,12 @@ class TrainLoop:
         (self.output / "serving").mkdir(exist_ok=True)
         saved = read_json(self.output / "plan.json", None)
         current = self.plan.model_dump(mode="json")
-        if saved is not None and saved != current:
-            changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+        if saved is not None and _what_is_trained(saved) != _what_is_trained(current):
+            changed = sorted(k for k in set(saved) | set(current)
+                             if _what_is_trained({k: saved.get(k)}) != _what_is_trained({k: current.get(k)}))
             raise TrainError(f"{self.output} holds a run of another plan (keys differ: {', '.join(changed)}); "
-                             "use another output folder")
+                             "use another output folder (a resumed run may change only "
+                             f"{', '.join(RESUMABLE_CHANGES)})")
         write_json(self.output / "plan.json", current)
         self._drop_torn_history()
 
@@ -474,7 +496,8 @@ class TrainLoop:
         except (TrainingFailed, ValueError) as exc:
             bar.done(error="failed")
             raise TrainError(f"epoch {epoch} ({stage.name}) optimize with {adapter}: {exc}") from None
-        bar.done(loss=f"{artefact.metrics.get('train_loss', math.nan):.4f}", steps=int(artefact.metrics.get("steps", 0)))
+        loss = artefact.metrics.get("train_loss", artefact.metrics.get("loss", math.nan))  # TRL's name, grpo's
+        bar.done(loss=f"{loss:.4f}", steps=int(artefact.metrics.get("steps", 0)))
         return artefact
 
     def _remember_best(self, summary: dict[str, Any], artefact: Artefact | None) -> None:

@@ -5,7 +5,14 @@
   whole. Only the first of a set of duplicates is used; the others are counted and skipped, across
   all environments.
 - **Order.** Each source walks its tasks in a fresh seeded permutation per epoch and wraps around, so a
-  run can take any number of steps; its position (`epoch`, `position`) is all a resume needs.
+  run can take any number of steps. Its state for a resume is its position (`epoch`, `position`), the
+  tasks dispatched but not yet used in a batch (`pending`: sent first after a resume, so none is
+  skipped), and its difficulty pools.
+- **Difficulty pools.** A task the difficulty filter finds too easy or too hard leaves the rotation for
+  the `easy` or `hard` pool; at the start of each pass over the tasks every pooled task comes back
+  with probability `easy_fraction` / `hard_fraction` (seeded), to be judged again. Over a long run
+  the tasks that teach nothing are re-sent at that rate instead of on every pass. A source whose
+  every task is pooled raises `SourceExhausted`.
 - **Ratios.** Every step's `groups_per_step` group slots are dealt to environments in proportion to
   their ratios by largest deficit first: slot `t` goes to the environment whose count falls furthest
   behind `ratio * (t + 1)`. Each step's mix is then fixed in advance, and over any run of steps an
@@ -53,20 +60,34 @@ class SourceTask:
     env: str
     group_id: str
     row: dict[str, Any]
+    index: int = 0  # its place in the environment's task list
+
+
+POOLS = ("easy", "hard")
+
+
+class SourceExhausted(ValueError):
+    """Every task of an environment sits in a difficulty pool: nothing is left to send."""
 
 
 class TaskSource:
-    """The tasks of one environment in a seeded order per epoch, endlessly."""
+    """The tasks of one environment in a seeded order per epoch, endlessly, less the pooled ones."""
 
-    def __init__(self, env: str, tasks: list[SourceTask], seed: int, shuffle: bool = True) -> None:
+    def __init__(self, env: str, tasks: list[SourceTask], seed: int, shuffle: bool = True,
+                 promote: Mapping[str, float] | None = None) -> None:
         if not tasks:
             raise ValueError(f"environment {env!r} has no tasks to train on")
         self.env = env
         self.tasks = tasks
+        for index, task in enumerate(tasks):
+            task.index = index
         self.seed = seed
         self.shuffle = shuffle
+        self.promote = dict(promote or {})  # pool -> chance a pooled task returns at each new pass
         self.epoch = 0
         self.position = 0
+        self.pools: dict[str, set[int]] = {pool: set() for pool in POOLS}
+        self._again: list[int] = []  # dispatched before a resume but never used: sent first
         self._order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
@@ -76,23 +97,50 @@ class TaskSource:
         return order
 
     def next(self) -> SourceTask:
-        if self.position >= len(self.tasks):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._order = self._permutation(self.epoch)
-        task = self.tasks[self._order[self.position]]
-        self.position += 1
-        return task
+        if self._again:
+            return self.tasks[self._again.pop(0)]
+        pooled = set().union(*self.pools.values())
+        if len(pooled) >= len(self.tasks):
+            raise SourceExhausted(f"environment {self.env!r}: all {len(self.tasks)} tasks are in the difficulty "
+                                  f"pools (easy {len(self.pools['easy'])}, hard {len(self.pools['hard'])}); "
+                                  "loosen the difficulty filter or raise easy_fraction / hard_fraction")
+        while True:
+            if self.position >= len(self.tasks):
+                self.epoch, self.position = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+                self._promote()
+            index = self._order[self.position]
+            self.position += 1
+            if not any(index in pool for pool in self.pools.values()):
+                return self.tasks[index]
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+    def retire(self, task: SourceTask, pool: str) -> None:
+        """Take a task out of the rotation into the `easy` or `hard` pool."""
+        self.pools[pool].add(task.index)
+
+    def _promote(self) -> None:
+        """At a new pass, each pooled task returns with its pool's chance (seeded by the pass)."""
+        rng = random.Random(f"{self.seed}:{self.env}:{self.epoch}:pools")
+        for pool, members in self.pools.items():
+            chance = self.promote.get(pool, 0.0)
+            members.difference_update({index for index in sorted(members) if rng.random() < chance})
+
+    def state(self, pending: Sequence[SourceTask] = ()) -> dict[str, Any]:
+        """Where the source stands; `pending`: tasks handed out but not used yet, to send again after a resume."""
+        return {"epoch": self.epoch, "position": self.position, "pending": self._again + [t.index for t in pending],
+                **{pool: sorted(members) for pool, members in self.pools.items()}}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._order = self._permutation(self.epoch)
+        size = len(self.tasks)
+        self._again = [int(i) for i in state.get("pending", []) if 0 <= int(i) < size]
+        self.pools = {pool: {int(i) for i in state.get(pool, []) if 0 <= int(i) < size} for pool in POOLS}
 
 
 def load_sources(envs: Sequence[tuple[str, Path, int | None]], hash_keys: Sequence[str], seed: int,
-                 shuffle: bool = True) -> tuple[dict[str, TaskSource], dict[str, Any]]:
+                 shuffle: bool = True, promote: Mapping[str, float] | None = None
+                 ) -> tuple[dict[str, TaskSource], dict[str, Any]]:
     """One TaskSource per (name, tasks file, limit), duplicates removed across all of them.
 
     Returns the sources and a report: `duplicates` per environment and the `skipped` bad lines
@@ -117,7 +165,7 @@ def load_sources(envs: Sequence[tuple[str, Path, int | None]], hash_keys: Sequen
         if not kept:
             raise ValueError(f"environment {name!r}: no usable tasks in {path} "
                              f"({len(rows)} rows, {len(rows) - len(kept)} duplicates, {len(problems)} bad lines)")
-        sources[name] = TaskSource(name, kept, seed, shuffle)
+        sources[name] = TaskSource(name, kept, seed, shuffle, promote)
     return sources, report
 
 
@@ -151,4 +199,4 @@ class EnvMixer:
         return dict(self._quotas[step - 1])
 
 
-__all__ = ["EnvMixer", "SourceTask", "TaskSource", "load_sources", "task_hash"]
+__all__ = ["EnvMixer", "SourceExhausted", "SourceTask", "TaskSource", "load_sources", "task_hash"]

@@ -22,7 +22,11 @@ none); its lag in batch `n` is `n - 1 - sampled_step`. A group whose lag exceeds
 across environments by ratio (`mixing.py`). A group that failed (a rollout still failing after its
 retries), is stale, or is too easy or too hard for the difficulty filter is dropped and replaced by a
 fresh one; `oversampling_factor` keeps that many times the missing groups in flight so the batch
-fills without waiting for refills. Failures are written to `failures.jsonl`, never used as rewards.
+fills without waiting for refills. A task found too easy or too hard goes to its source's pool, from
+which it returns at `easy_fraction` / `hard_fraction` per pass (`mixing.py`). When a step has dropped
+`max_drops_per_step` groups it is published with the groups it has (`groups_short` in its metrics)
+rather than stopping the run, unless they are failures: those stop it with their causes. Failures
+are written to `failures.jsonl`, never used as rewards.
 
 **Metrics.** Each step's metrics go to `history.jsonl`: rollouts/s, reward mean and spread, dropped
 groups by reason, the staleness histogram of the rollouts used, the time the trainer waited for the
@@ -36,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -48,7 +51,7 @@ import orjson
 from ..client import ServerAddress, ServerClient
 from ..rollouts.attempts import FailedAttempt, RetryPolicy, agent_for, build_payload, run_rollout
 from .advantages import completion_length, group_advantages
-from .mixing import EnvMixer, SourceTask, load_sources
+from .mixing import POOLS, EnvMixer, SourceExhausted, SourceTask, load_sources
 from .orchestrator_config import EnvSection, OrchestratorConfig
 from .policy_versions import AdapterLoadError, PolicyVersions, model_versions
 from .resume import ResumeError, repair_history, resume_point
@@ -110,7 +113,9 @@ class Orchestrator:
         self.log = log
         self.folders = StepFolders(self.output / "steps")
         envs = [(env.name, Path(env.input), env.limit) for env in config.envs]
-        self.sources, report = load_sources(envs, config.hash_keys, config.seed, config.shuffle)
+        difficulty = config.difficulty
+        promote = {"easy": difficulty.easy_fraction, "hard": difficulty.hard_fraction}
+        self.sources, report = load_sources(envs, config.hash_keys, config.seed, config.shuffle, promote)
         for line in report["skipped"]:
             log(f"skipped: {line}")
         self.duplicates: dict[str, int] = report["duplicates"]
@@ -124,12 +129,12 @@ class Orchestrator:
         self.next_step = 1
         self.done_at: dict[int, float] = {}  # version -> when it became current
         self.dispatch_log: deque[tuple[int, int]] = deque(maxlen=100_000)  # (tag, version) per dispatch, for tests
-        self._rng = random.Random(config.seed)
         self._dispatched = 0
         self._events: asyncio.Queue[Group | _VersionChanged] | None = None
         self._in_flight: dict[str, int] = {name: 0 for name in self.envs}
         self._tasks: set[asyncio.Task[None]] = set()
         self._spare: list[Group] = []
+        self._unused: dict[str, Group] = {}  # dispatched, not yet in a batch nor dropped (a resume sends them again)
         self._client: ServerClient | None = None
         self._slot_client: SlotClient | None = None
         self._busy = Occupancy()
@@ -359,7 +364,6 @@ class Orchestrator:
             if name in self.sources:
                 self.sources[name].restore(source_state)
         self._dispatched = int(point.state.get("dispatched", 0))
-        self._rng = random.Random(f"{self.config.seed}:{point.last}")
         self.next_step = point.last + 1
         self._pending_adapter = point.adapter
         self.version = point.finished
@@ -402,6 +406,7 @@ class Orchestrator:
                     self._tasks.clear()
                     self._in_flight = {name: 0 for name in self.envs}
                     self._spare.clear()
+                    self._unused.clear()
 
     async def _form(self, step: int, previous_ready: float) -> Batch:
         """Fill batch `step` with whole groups, dropping and replacing what cannot be used."""
@@ -414,6 +419,7 @@ class Orchestrator:
         generated = 0
         inference_wait = 0.0
         limit = config.max_drops_per_step or 20 * config.groups_per_step
+        short = False
         spares_placed = False
         while True:
             # Batch `step` is formed only once the trainer is within `max_async_level` of it.
@@ -439,19 +445,30 @@ class Orchestrator:
                 self._place(event, step, quotas, accepted, dropped)
             else:
                 self._spare.append(event)
-            if sum(dropped.values()) >= limit:
+            if dropped["failed"] >= limit:
                 raise OrchestratorError(
-                    f"step {step}: {sum(dropped.values())} groups dropped ({_counts(dropped)}) while filling "
-                    f"{config.groups_per_step}; loosen the difficulty filter or max_off_policy_steps, or check the "
-                    f"failures in {self.output / 'failures.jsonl'}")
+                    f"step {step}: {dropped['failed']} groups failed while filling {config.groups_per_step}; see "
+                    f"the failures and their causes in {self.output / 'failures.jsonl'}")
+            # Too many groups taught nothing (easy, hard, stale): train on the groups there are rather
+            # than stop; the pools keep those tasks from coming back on every pass.
+            if gate_open and sum(dropped.values()) >= limit and any(accepted.values()):
+                short = True
+                break
         ready = time.monotonic()
         groups = [group for name in quotas for group in accepted[name]]
+        for group in groups:
+            self._unused.pop(group.group_id, None)
+        if short:
+            self.log(f"step {step}: {sum(dropped.values())} groups dropped ({_counts(dropped)}): a batch of "
+                     f"{len(groups)} groups of {config.groups_per_step}")
         rollouts = self._annotate(step, groups)
         metrics = step_metrics(step, rollouts, [group.env for group in groups], policy_version=self.version,
                                dropped=dropped, failure_statuses=failure_statuses, generated=generated,
                                inference_wait=inference_wait, previous_ready=previous_ready, ready=ready,
                                trainer_done=self.done_at.get(step - 1), slots_busy=self._busy.take())
-        state = {"sources": {name: source.state() for name, source in self.sources.items()},
+        metrics["groups_short"] = config.groups_per_step - len(groups)
+        pending = {name: [group.task for group in self._unused.values() if group.env == name] for name in self.sources}
+        state = {"sources": {name: source.state(pending[name]) for name, source in self.sources.items()},
                  "dispatched": self._dispatched}
         return Batch(step, rollouts, metrics, state)
 
@@ -461,6 +478,9 @@ class Orchestrator:
         reason = self._judge(group, step)
         if reason is not None:
             dropped[reason] += 1
+            self._unused.pop(group.group_id, None)
+            if reason in POOLS:
+                self.sources[group.env].retire(group.task, reason)
         elif len(accepted[group.env]) < quotas.get(group.env, 0):
             accepted[group.env].append(group)
         else:
@@ -482,10 +502,10 @@ class Orchestrator:
         mean = sum(rewards) / len(rewards)
         if min(rewards) >= difficulty.reward_max or (
                 difficulty.easy_threshold is not None and mean >= difficulty.easy_threshold):
-            return None if self._rng.random() < difficulty.easy_fraction else "easy"
+            return "easy"
         if max(rewards) <= difficulty.reward_min or (
                 difficulty.hard_threshold is not None and mean <= difficulty.hard_threshold):
-            return None if self._rng.random() < difficulty.hard_fraction else "hard"
+            return "hard"
         return None
 
     def _dispatch(self, step: int, quotas: dict[str, int], accepted: dict[str, list[Group]]) -> bool:
@@ -524,9 +544,13 @@ class Orchestrator:
         return None
 
     def _start(self, env: str, tag: int) -> None:
-        task = self.sources[env].next()
+        try:
+            task = self.sources[env].next()
+        except SourceExhausted as exc:
+            raise OrchestratorError(str(exc)) from None
         self._dispatched += 1
         group = Group(env, task, f"{task.group_id}-d{self._dispatched}", tag, self.version)
+        self._unused[group.group_id] = group
         self._in_flight[env] += 1
         self.dispatch_log.append((tag, self.version))
         job = asyncio.create_task(self._run_group(group))

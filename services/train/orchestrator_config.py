@@ -38,8 +38,10 @@ class DifficultySection(_Strict):
     reward_max: float = Field(default=1.0, description="a group whose rewards are all >= this is 'easy'")
     easy_threshold: float | None = Field(default=None, description="a group whose mean reward is >= this is 'easy'")
     hard_threshold: float | None = Field(default=None, description="a group whose mean reward is <= this is 'hard'")
-    easy_fraction: float = Field(default=0.0, ge=0, le=1, description="share of easy groups kept anyway")
-    hard_fraction: float = Field(default=0.0, ge=0, le=1, description="share of hard groups kept anyway")
+    easy_fraction: float = Field(default=0.0, ge=0, le=1, description="chance an easy-pool task is sent again "
+                                                                      "at each pass over the tasks")
+    hard_fraction: float = Field(default=0.0, ge=0, le=1, description="chance a hard-pool task is sent again "
+                                                                      "at each pass over the tasks")
 
 
 class OrchestratorConfig(_Strict):
@@ -60,8 +62,9 @@ class OrchestratorConfig(_Strict):
     timeout_s: float = Field(default=3600.0, gt=0, description="one rollout attempt")
     budget_s: float | None = Field(default=None, gt=0, description="all attempts of one rollout together")
     max_drops_per_step: int | None = Field(
-        default=None, ge=1, description="stop with an error when a step drops this many groups (default: 20 "
-                                        "times the groups in a batch)")
+        default=None, ge=1, description="after this many dropped groups a step is published with the groups "
+                                        "it has; this many failed groups stop the run (default: 20 times the "
+                                        "groups in a batch)")
     adapter_name: str = Field(default="policy", min_length=1, description="lora_name of hot-loaded adapters")
     model_servers: list[str] | None = Field(default=None, description="servers to hot-load (default: every "
                                                                       "server with the role 'models')")

@@ -177,6 +177,23 @@ def test_resume_after_sigkill_during_optimize(tmp_path: Path, registry_file: Pat
     assert len(calls(tmp_path)) == 2 and len(read_rollouts(tmp_path / "run" / "epoch-001" / "rollouts.jsonl")) == 4
 
 
+def test_a_resumed_run_may_change_how_it_retries_and_guards_not_what_it_trains(tmp_path: Path,
+                                                                             registry_file: Path) -> None:
+    plan = make_plan(tmp_path, registry_file)
+    TrainLoop(load_plan(plan), progress=False).run()
+    data = yaml.safe_load(plan.read_text())
+    data["stack"].update(max_attempts=5, timeout_s=30.0)
+    data["guard"] = {"max_drop": 0.5, "accept": {"mean_reward": 0.1}}
+    plan.write_text(yaml.safe_dump(data))
+    loop = TrainLoop(load_plan(plan), progress=False)
+    loop.run()  # taken: nothing left to do, nothing redone
+    assert [line["epoch"] for line in loop.history()] == [0, 1, 2] and len(calls(tmp_path)) == 2
+    data["stages"][0]["curate"]["min_reward"] = 0.5
+    plan.write_text(yaml.safe_dump(data))
+    with pytest.raises(TrainError, match=r"keys differ: stages\).*may change only stack\.concurrency"):
+        TrainLoop(load_plan(plan), progress=False).run()
+
+
 def test_a_failed_step_stops_with_its_cause(tmp_path: Path, registry_file: Path) -> None:
     plan = make_plan(tmp_path, registry_file, stages=[{
         "name": "sft", "collect": {"input": str(TASKS), "repeats": 2, "limit": 2},

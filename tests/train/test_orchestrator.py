@@ -101,8 +101,41 @@ def test_a_filter_that_drops_everything_stops_with_a_reason(stack, tmp_path):
     rows = [reverse_row(f"e{i:03d}") for i in range(10)]  # all solved: all easy
     cfg = config(tmp_path, rows, difficulty={"enabled": True}, max_drops_per_step=6)
     orchestrator = Orchestrator(cfg, stack, tmp_path / "out", log=lambda _: None)
-    with pytest.raises(OrchestratorError, match=r"step 1: 6 groups dropped \(easy 6\)"):
+    with pytest.raises(OrchestratorError, match=r"'reverse': all 10 tasks are in the difficulty pools \(easy 10, "
+                                                r"hard 0\)"):
         asyncio.run(train(orchestrator))
+
+
+def test_too_many_drops_publish_a_smaller_batch_and_pooled_tasks_are_not_resent(stack, tmp_path):
+    """Ten easy tasks and two that teach: step 1 drops its limit of easy groups and is published with what
+    it has instead of ending the run; the easy tasks go to the pool and, with easy_fraction 0, are never
+    sent again, so the later steps fill from the two that teach."""
+    rows = [reverse_row(f"e{i:03d}ab") for i in range(10)]
+    rows += [reverse_row(f"m{i:03d}ab", f"m{i:03d}xy") for i in range(2)]  # 2/3: kept
+    cfg = config(tmp_path, rows, difficulty={"enabled": True}, max_drops_per_step=6, shuffle=False)
+    logged: list[str] = []
+    orchestrator = Orchestrator(cfg, stack, tmp_path / "out", log=logged.append)
+    batches = asyncio.run(train(orchestrator))
+    lines = history(tmp_path)
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    # The task that teaches is dispatched only after six easy groups came back (five in flight at most).
+    assert lines[0]["groups_short"] == 3 and len(batches[0].rollouts) == 2
+    assert any("a batch of" in line for line in logged)
+    assert [line["groups_short"] for line in lines[1:]] == [0, 0]
+    assert all(r["reward"] == pytest.approx(2 / 3) for batch in batches for r in batch.rollouts)
+    # Pooled once judged: a second pass resends at most those still in flight when it began, a third none.
+    assert sum(line["dropped"]["easy"] for line in lines) <= 15 and lines[2]["dropped"]["easy"] == 0
+    assert orchestrator.sources["reverse"].pools["easy"] == set(range(10))
+
+
+def test_failed_groups_still_stop_a_step_with_their_cause(tmp_path):
+    with scripted_stack("--fail-rate", "1.0") as failing:
+        cfg = config(tmp_path, max_drops_per_step=2, max_attempts=1)
+        orchestrator = Orchestrator(cfg, failing, tmp_path / "out", log=lambda _: None)
+        with pytest.raises(OrchestratorError, match=r"step 1: 2 groups failed .*/out/failures\.jsonl"):
+            asyncio.run(train(orchestrator))
+    failures = [orjson.loads(line) for line in (tmp_path / "out" / "failures.jsonl").read_bytes().splitlines()]
+    assert failures and all("scripted failure" in str(failure) for failure in failures)
 
 
 def test_env_ratios_are_exact_per_step(stack, tmp_path):

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from rollgym.client import ServerAddress
+from rollgym.train.mixing import load_sources
 from rollgym.train.steps import MARKER, Batch, StepFolders
 from tests.train.orchestrator_support import medium_rows, scripted_stack, write_rows
 
@@ -67,8 +68,10 @@ def _digest(folder: Path) -> str:
 
 
 def test_killed_orchestrator_resumes_without_losing_or_repeating_a_batch(stack, tmp_path):
+    """Also: the tasks dispatched but not yet in a batch when a step was published (oversampling keeps
+    some in flight) are sent first after the resume, not skipped."""
     config = {"batch_size": 8, "rollouts_per_example": 2, "max_steps": 6, "max_async_level": 1,
-              "max_off_policy_steps": 2, "concurrency": 8, "model_servers": [],
+              "max_off_policy_steps": 2, "concurrency": 8, "model_servers": [], "oversampling_factor": 2.0,
               "envs": [{"name": "reverse", "input": write_rows(tmp_path / "tasks.jsonl", medium_rows(30)),
                         "agent": "reverse_text_agent"}]}
     (tmp_path / "config.json").write_bytes(orjson.dumps(config))
@@ -119,6 +122,11 @@ def test_killed_orchestrator_resumes_without_losing_or_repeating_a_batch(stack, 
     history = [orjson.loads(line) for line in (output / "history.jsonl").read_bytes().splitlines()]
     assert [line["step"] for line in history] == [1, 2, 3, 4, 5, 6]
     assert all((folders.path(step) / MARKER).exists() for step in range(1, 7))
+    tasks = load_sources([("reverse", tmp_path / "tasks.jsonl", None)], ["responses_create_params.input"], 42)[0]
+    pending = folders.meta(3)["state"]["sources"]["reverse"]["pending"]
+    assert pending, "nothing was in flight when step 3 was published"
+    used_after = {r["group_id"].rsplit("-d", 1)[0] for step in (4, 5, 6) for r in folders.read(step).rollouts}
+    assert {tasks["reverse"].tasks[i].group_id for i in pending} <= used_after
 
 
 def test_orchestrate_command_says_what_is_wrong(stack, tmp_path):

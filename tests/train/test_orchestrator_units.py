@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from rollgym.train.advantages import AdvantageConfig, completion_length, group_advantages
-from rollgym.train.mixing import EnvMixer, SourceTask, TaskSource, task_hash
+from rollgym.train.mixing import EnvMixer, SourceExhausted, SourceTask, TaskSource, task_hash
 
 
 def scaled_by_length(rewards, lengths, scale=1.0):
@@ -90,3 +91,40 @@ def test_rloo_baseline_leaves_the_rollout_out():
     advantages = group_advantages([1.0, 0.0, 0.0, 1.0], [1, 1, 1, 1], AdvantageConfig(type="rloo"))
     assert advantages == pytest.approx([1 - 1 / 3, -2 / 3, -2 / 3, 1 - 1 / 3])
     assert group_advantages([0.5], [3], AdvantageConfig(type="rloo")) == [0.0]
+
+
+def test_pools_take_tasks_out_of_the_rotation_and_return_them_at_their_rate():
+    tasks = [SourceTask("e", f"t{i}", {"i": i}) for i in range(6)]
+    never = TaskSource("e", tasks, seed=0, promote={"easy": 0.0, "hard": 0.0})
+    always = TaskSource("e", [SourceTask("e", t.group_id, t.row) for t in tasks], seed=0,
+                        promote={"easy": 1.0, "hard": 0.0})
+    hard = {}
+    for source in (never, always):
+        first_pass = [source.next() for _ in range(6)]
+        for task in first_pass[:3]:
+            source.retire(task, "easy")
+        source.retire(first_pass[3], "hard")
+        hard[id(source)] = first_pass[3]
+    assert len({never.next().group_id for _ in range(20)}) == 2  # only the two never pooled
+    second_pass = [always.next().group_id for _ in range(5)]  # the easy pool came back whole, the hard one not
+    assert sorted(second_pass) == sorted(t.group_id for t in tasks if t.group_id != hard[id(always)].group_id)
+    assert always.pools == {"easy": set(), "hard": {hard[id(always)].index}}
+
+
+def test_a_source_state_keeps_pools_and_the_tasks_in_flight():
+    tasks = [SourceTask("e", f"t{i}", {"i": i}) for i in range(8)]
+    source = TaskSource("e", tasks, seed=3)
+    taken = [source.next() for _ in range(5)]
+    source.retire(taken[0], "hard")
+    state = orjson.loads(orjson.dumps(source.state(pending=taken[3:])))  # two still in flight
+    assert state["pending"] == [taken[3].index, taken[4].index] and state["hard"] == [taken[0].index]
+    resumed = TaskSource("e", tasks, seed=3)
+    resumed.restore(state)
+    assert [resumed.next() for _ in range(2)] == taken[3:]  # in flight at the save: sent first
+    assert [resumed.next() for _ in range(3)] == [source.next() for _ in range(3)]
+    assert resumed.pools["hard"] == {taken[0].index}
+    everything = TaskSource("e", tasks[:2], seed=0)
+    for task in tasks[:2]:
+        everything.retire(task, "easy")
+    with pytest.raises(SourceExhausted, match="all 2 tasks are in the difficulty pools"):
+        everything.next()
