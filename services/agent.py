@@ -19,6 +19,11 @@ class AgentServer(BaseServer):
 
     role: ClassVar[str] = "agents"
 
+    def health_details(self) -> dict[str, str]:
+        """The policy's model server, so a trainer hot-loads adapters there and nowhere else (not on a judge)."""
+        ref = getattr(self.config, "model_server", None)
+        return {"model_server": ref.name} if getattr(ref, "name", None) else {}
+
     async def run(self, task: RunRequest, payload: dict[str, Any]) -> dict[str, Any]:
         """One rollout: the task row (validated, and as plain JSON) → the run response as JSON."""
         raise NotImplementedError

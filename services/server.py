@@ -290,10 +290,14 @@ class BaseServer:
 
         @app.get("/health")
         async def health() -> dict[str, str]:
-            return {"status": "ok", "name": self.name, "role": self.role}
+            return {"status": "ok", "name": self.name, "role": self.role, **self.health_details()}
 
         self.add_routes(app)
         return app
+
+    def health_details(self) -> dict[str, str]:
+        """Extra fields of `GET /health` (an agent says which model server it samples from)."""
+        return {}
 
     def _install_error_handlers(self, app: FastAPI) -> None:
         @app.exception_handler(RequestValidationError)

@@ -6,6 +6,12 @@ The judge is any rollgym model server of the stack (`judge_model_server: {name: 
 is read robustly (`Score: 7/10`, `[[8]]`, `{"score": 0.7}`, `Rating: 3 out of 5`, `85%`) and
 becomes a reward in [0, 1].
 
+The judge keeps the weights it was configured with. A model server answers a request that names no
+model with the adapter loaded last, so once a trainer hot-loads the policy's adapter the policy would
+be judging itself; the judge therefore names its model in every request: `judge_model` when set,
+else the judge server's base model (the card without a parent in its `GET /v1/models`, asked once).
+`judge_follows_policy: true` sends no name, for a judge meant to be the current policy.
+
 A judge failure is an infrastructure failure, never a reward of 0: an unreachable judge, an HTTP
 error from it, no answer within `judge_timeout_s`, or no readable score after the allowed re-asks
 makes `/verify` answer HTTP 502 (504 for a timeout), so the agent records the rollout as `env_error`
@@ -32,7 +38,10 @@ class LLMJudgeConfig(ResourcesServerConfig):
     judge_model_server: ServerRef = Field(
         default_factory=lambda: ServerRef(name="policy_model"), description="the model server that judges"
     )
-    judge_model: str | None = Field(default=None, description="sent as `model` to the judge server, if set")
+    judge_model: str | None = Field(default=None, description="sent as `model` to the judge server (default: "
+                                                              "its base model)")
+    judge_follows_policy: bool = Field(default=False, description="send no `model`: judge with whatever adapter "
+                                                                  "the judge server loaded last")
     score_max: int = Field(default=10, ge=1, description="the judge scores from 0 to score_max")
     max_concurrent_judgements: int = Field(default=16, ge=1, description="judge calls in flight at once")
     judge_timeout_s: float = Field(default=60.0, gt=0, description="deadline of one judgement, re-asks included")
@@ -197,6 +206,7 @@ class LLMJudgeServer(ResourcesServer):
     def __init__(self, config: LLMJudgeConfig | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self._judge_slots = asyncio.Semaphore(self.config.max_concurrent_judgements)
+        self._judge_base: str | None = None  # the judge server's base model, once asked
 
     async def verify(self, request: JudgeTask, state: dict[str, Any]) -> Verdict:
         answer = final_message_text(request.response.output)
@@ -227,6 +237,22 @@ class LLMJudgeServer(ResourcesServer):
             except TimeoutError:
                 raise JudgeError(504, self._late()) from None
 
+    async def _base_model(self, server: str) -> str:
+        """The judge server's base model name (asked once): naming it keeps hot-loaded adapters out."""
+        if self._judge_base is None:
+            try:
+                reply = await self.client.get(server, "/v1/models", timeout_s=30)
+                cards = reply.json().get("data", []) if reply.ok else []
+            except ServerCallError as exc:
+                raise JudgeError(502, f"judge server unavailable: {exc}") from None
+            except (orjson.JSONDecodeError, AttributeError):
+                raise JudgeError(502, f"judge server {server!r}: its /v1/models is not a model list") from None
+            bases = [card["id"] for card in cards if isinstance(card, dict) and card.get("id") and not card.get("parent")]
+            if not bases:
+                raise JudgeError(502, f"judge server {server!r} lists no base model at /v1/models; set judge_model")
+            self._judge_base = bases[0]
+        return self._judge_base
+
     def _late(self) -> str:
         return (f"no judgement from {self.config.judge_model_server.name!r} within "
                 f"judge_timeout_s={self.config.judge_timeout_s:g} s")
@@ -245,8 +271,8 @@ class LLMJudgeServer(ResourcesServer):
     async def _ask(self, conversation: list[dict[str, str]], deadline: float) -> str:
         server = self.config.judge_model_server.name
         payload: dict[str, Any] = {"input": conversation}
-        if self.config.judge_model is not None:
-            payload["model"] = self.config.judge_model
+        if not self.config.judge_follows_policy:
+            payload["model"] = self.config.judge_model or await self._base_model(server)
         if self.config.judge_temperature is not None:
             payload["temperature"] = self.config.judge_temperature
         if self.config.judge_max_output_tokens is not None:

@@ -160,14 +160,17 @@ class Orchestrator:
 
     def _check_agents(self) -> None:
         """Every task must reach an agent of the stack: say which environment and row cannot, before starting."""
+        used: set[str] = set()
         for name, source in self.sources.items():
             for task in source.tasks:
                 agent = agent_for(task.row, self.agents[name] or "")
+                used.add(agent)
                 if agent not in self.registry:
                     agents = sorted(n for n, a in self.registry.items() if a.role in ("agents", ""))
                     raise ValueError(f"environment {name!r}, task {task.group_id}: "
                                      + (f"agent {agent!r} is not in the stack" if agent else "no agent to run it")
                                      + f" (agents: {', '.join(agents) or 'none'}); set the environment's agent")
+        self.versions.agents = sorted(used)
 
     @property
     def model_servers(self) -> list[str]:

@@ -66,8 +66,9 @@ class OrchestratorConfig(_Strict):
                                         "it has; this many failed groups stop the run (default: 20 times the "
                                         "groups in a batch)")
     adapter_name: str = Field(default="policy", min_length=1, description="lora_name of hot-loaded adapters")
-    model_servers: list[str] | None = Field(default=None, description="servers to hot-load (default: every "
-                                                                      "server with the role 'models')")
+    model_servers: list[str] | None = Field(default=None, description="servers to hot-load (default: the model "
+                                                                      "servers the agents sample from, as their "
+                                                                      "/health says; else every one)")
     seed: int = 42
 
     @model_validator(mode="after")

@@ -26,7 +26,9 @@ class PolicyVersions:
         self.registry = registry
         self.adapter_name = adapter_name
         self.log = log
+        self.named = model_servers is not None
         self.servers = self._resolve(model_servers)
+        self.agents: list[str] = []  # the agents whose model servers are the policy's (find_policy_servers)
         self.steps: dict[str, int] = {}  # model_version -> the step whose adapter it is (0: the base)
         self.adapter: str | None = None  # the adapter loaded last (None: the base)
         self._lock = asyncio.Lock()
@@ -41,8 +43,30 @@ class PolicyVersions:
             raise ValueError(f"model_servers {unknown} are not in the stack (servers: {known})")
         return list(names)
 
+    async def find_policy_servers(self, client: ServerClient) -> None:
+        """Unless the config names them, the servers to load adapters on are the model servers the
+        agents sample from (each says so in `GET /health`): a judge or any other model server of the
+        stack keeps its weights. Agents that do not say leave every model server in."""
+        if self.named:
+            return
+        found: set[str] = set()
+        for agent in self.agents:
+            try:
+                reply = await client.get(agent, "/health", timeout_s=30)
+                name = reply.json().get("model_server") if reply.ok else None
+            except Exception:  # noqa: BLE001 - an agent that cannot say leaves the default
+                name = None
+            if name is None or name not in self.registry:
+                return
+            found.add(name)
+        if found:
+            self.servers = [name for name in self.registry if name in found]
+            self.log(f"adapters go to {', '.join(self.servers)}: the model server(s) the agents sample from")
+        self.named = True
+
     async def load(self, client: ServerClient, adapter_path: str, step: int) -> None:
         """Load the adapter on every replica of every model server; AdapterLoadError if one refuses."""
+        await self.find_policy_servers(client)
         if not self.servers:
             return
         body = {"lora_name": self.adapter_name, "lora_path": adapter_path, "load_inplace": True}
@@ -67,6 +91,7 @@ class PolicyVersions:
 
     async def learn_base(self, client: ServerClient) -> None:
         """The model_version each model server reports for its base weights is version 0."""
+        await self.find_policy_servers(client)
         for name in self.servers:
             try:
                 reply = await client.get(name, "/v1/models", timeout_s=30)

@@ -13,10 +13,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import orjson
 import pytest
 
+from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
 from rollgym.client import ServerAddress
+from rollgym.testing import scripted_backend, serve_in_thread
 from rollgym.train.orchestrator import Orchestrator, OrchestratorError, model_versions
 from rollgym.train.orchestrator_config import OrchestratorConfig
 from rollgym.train.steps import Batch
@@ -279,3 +282,27 @@ def test_steps_finish_in_order_and_only_once_handed_out(stack, tmp_path):
     fresh = Orchestrator(config(tmp_path, max_steps=2), stack, tmp_path / "fresh", log=lambda _: None)
     with pytest.raises(ValueError, match="step 1 has not been handed to the trainer yet"):
         asyncio.run(fresh.finish_step(1, None))
+
+
+def test_adapters_go_only_to_the_model_server_the_agents_sample_from(stack, tmp_path):
+    """A judge model server in the same stack keeps its weights: with no `model_servers` configured, the
+    orchestrator asks the agents (GET /health) which model server they sample from and loads there only."""
+    with scripted_backend("--token-info") as backend:
+        judge = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="judge"), name="judge_model")
+        with serve_in_thread(judge) as judge_url:
+            registry = {**stack, "judge_model": ServerAddress(judge_url, "models")}
+            orchestrator = Orchestrator(config(tmp_path, max_steps=2, model_servers=None), registry,
+                                        tmp_path / "out", log=lambda _: None)
+
+            async def trainer() -> None:
+                async for batch in orchestrator.batches():
+                    adapter = tmp_path / "adapters" / f"step_{batch.step}"
+                    adapter.mkdir(parents=True)
+                    await orchestrator.finish_step(batch.step, adapter)
+
+            asyncio.run(trainer())
+            judge_models = [card["id"] for card in httpx.get(f"{judge_url}/v1/models").json()["data"]]
+    assert orchestrator.model_servers == ["policy_model"]
+    assert judge_models == ["judge"]
+    policy_models = [card["id"] for card in httpx.get(f"{stack['policy_model'].url}/v1/models").json()["data"]]
+    assert "policy" in policy_models

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -124,11 +125,17 @@ class ScriptedJudge(ModelServer):
             if self.fail_status is not None:
                 raise HTTPException(self.fail_status, detail="the judge's backend is down")
             text = self.replies.popleft() if len(self.replies) > 1 else self.replies[0]
+            adapter = self.adapter_for(payload)
+            if adapter is not None:  # a hot-loaded policy adapter grades everything 0
+                text = f"[{adapter.name}] Score: 0/10"
             item = {"type": "message", "id": "msg_judge", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]}
             return build_response(payload, [item], model="judge")
         finally:
             self.in_flight -= 1
+
+    async def attach_adapter(self, request: Any) -> Any:
+        return request.lora_path
 
 
 def make_env(judge_url: str, **config: Any) -> LLMJudgeServer:
@@ -168,7 +175,8 @@ def test_scores_become_rewards(reply: str, reward: float) -> None:
     assert body["judge_output"] == reply and body["judge_attempts"] == 1
     # What the judge was asked: the rubric, the question, the reference and the answer.
     request = judge.requests[0]
-    assert request["temperature"] == 0.0 and request["max_output_tokens"] == 1024 and "model" not in request
+    assert request["temperature"] == 0.0 and request["max_output_tokens"] == 1024
+    assert request["model"] == "judge"  # its base model, by name: a hot-loaded adapter never judges
     prompt = request["input"][1]["content"]
     assert ROW["rubric"] in prompt and ROW["reference_answer"] in prompt
     assert "<answer>\nRayleigh scattering makes blue light scatter most.\n</answer>" in prompt
@@ -302,6 +310,22 @@ def test_rollout_is_judged(policy_url: str) -> None:
     # The scripted policy echoes the question; that is the answer the judge saw.
     assert f"<answer>\nYou said: {ROW['responses_create_params']['input'][1]['content']}\n</answer>" in \
         judge.requests[0]["input"][1]["content"]
+
+
+@pytest.mark.parametrize("follows", [False, True])
+def test_the_judge_keeps_its_weights_when_the_policy_adapter_is_loaded_on_its_server(follows: bool,
+                                                                                    tmp_path: Path) -> None:
+    """The judge and the policy share a model server; a trainer hot-loads the policy's adapter there.
+    The judge names its base model in every request and so still judges with the base weights, unless
+    the config says it follows the policy."""
+    judge = ScriptedJudge("Score: 8/10")
+    with serve_in_thread(judge) as judge_url, env_client(judge_url, judge_follows_policy=follows) as client:
+        assert verify(client, "Paris").json()["reward"] == 0.8
+        loaded = httpx.post(f"{judge_url}/v1/load_lora_adapter", json={"lora_name": "policy", "lora_path": str(tmp_path)})
+        assert loaded.status_code == 200, loaded.text
+        after = verify(client, "Paris").json()
+    assert after["reward"] == (0.0 if follows else 0.8)
+    assert [request.get("model") for request in judge.requests] == ([None, None] if follows else ["judge", "judge"])
 
 
 def test_rollout_with_a_dead_judge_is_env_error(policy_url: str) -> None:
