@@ -14,6 +14,8 @@ def register(commands: Any) -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="plan keys to override, e.g. output=runs/x seed=1 stack.concurrency=2")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--rewind", type=int, metavar="N", help="continue the run in the plan's output from the end of "
+                        "epoch (async: step) N; later ones are moved to OUTPUT/rewound/")
     parser.set_defaults(handler=cmd_train)
 
 
@@ -42,9 +44,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if plan.mode == "async":
         from ..train.async_loop import AsyncTrainLoop
 
-        loop = AsyncTrainLoop(plan, progress=not args.no_progress)
+        loop = AsyncTrainLoop(plan, progress=not args.no_progress, rewind_to=args.rewind)
     else:
-        loop = TrainLoop(plan, progress=not args.no_progress)
+        loop = TrainLoop(plan, progress=not args.no_progress, rewind_to=args.rewind)
     try:
         state = loop.run()
     except (TrainError, ApplyError) as exc:

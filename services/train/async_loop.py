@@ -25,6 +25,7 @@ validation cut short is done again whole.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,10 @@ import orjson
 
 from .curation import CurateConfig, CurationError, curate
 from .jobs import finished_artefact
-from .loop import TrainError, TrainLoop, read_json
+from .loop import TrainError, TrainLoop, guard_problems, read_json
 from .plan import RL_ADAPTERS, trainer_args
 from .orchestrator import Orchestrator, OrchestratorError
+from .steps import Batch
 from .trainers import Artefact, TrainConfig, TrainingFailed
 
 
@@ -47,13 +49,18 @@ class AsyncTrainLoop(TrainLoop):
         assert plan.orchestrator is not None and plan.optimize is not None
         finished = self._open_output()
         self.state = read_json(self.state_path, {"applied": None, "best": None, "last": None, "stopped": None})
+        if self.state.get("stopped"):
+            self.log(f"this run has stopped already: {self.state['stopped']}")
+            return self.state
         started = time.perf_counter()
         self.serving.serve_base("lora", plan.base_model)
         self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
         try:
             if plan.validation is not None and not any(line.get("step") == 0 for line in self.history()):
+                summary = self._validate(0, self._step_dir(0))
+                self._remember_best(summary, None)
                 self._append_history({"epoch": 0, "step": 0, "stage": "async", "model_version": None,
-                                      "validation": self._validate(0, self._step_dir(0))})
+                                      "validation": summary})
             try:
                 orchestrator = Orchestrator(plan.orchestrator, self.serving.registry, self.output / "orchestrator",
                                             log=self.log)
@@ -81,8 +88,11 @@ class AsyncTrainLoop(TrainLoop):
             raise TrainError(f"{self.history_path}: finished steps {steps} are not 1..N; cannot resume")
         return len(steps)
 
+    def _unit_dir(self, number: int) -> Path:
+        return self.output / f"step-{number:03d}"
+
     def _step_dir(self, step: int) -> Path:
-        folder = self.output / f"step-{step:03d}"
+        folder = self._unit_dir(step)
         folder.mkdir(exist_ok=True)
         # Validation rollouts of a killed run came from a model version this run does not serve.
         (folder / "validation.jsonl").unlink(missing_ok=True)
@@ -98,34 +108,61 @@ class AsyncTrainLoop(TrainLoop):
 
     async def _steps(self, orchestrator: Orchestrator, finished: int) -> None:
         previous = self._trained_before(finished)
-        async for batch in orchestrator.batches(persist=True, finished=finished):
-            folder = self._step_dir(batch.step)
-            line: dict[str, Any] = {"epoch": batch.step, "step": batch.step, "stage": "async",
-                                    "orchestrator": batch.metrics,
-                                    "train": {"mean_reward": batch.metrics["reward_mean"],
-                                              "rollouts": batch.metrics["rollouts"]}}
-            curated = self._curate(batch.rollouts, folder)
-            if curated:
-                started = time.perf_counter()
-                artefact = finished_artefact(folder / "train")  # trained before a kill: not trained again
-                if artefact is None:
-                    artefact = await asyncio.to_thread(self._train_step, batch.step, folder, previous)
-                line["train"].update(artefact.metrics, optimize_s=round(time.perf_counter() - started, 3))
-                await orchestrator.finish_step(batch.step, artefact.uri)
-                previous = artefact
-                self.state["applied"] = self.state["last"] = artefact.model_dump()
-            else:  # e.g. no group with a reward spread for GRPO: nothing to learn, the served weights stay
-                await orchestrator.finish_step(batch.step, None)
-                line["train"]["skipped"] = "nothing to train on after curation"
-            line["model_version"] = self.serving.version = _served(orchestrator)
-            line["artefact"] = previous.uri if previous else None
-            validation = self.plan.validation
-            if validation is not None and batch.step % validation.every == 0:
-                line["validation"] = await asyncio.to_thread(self._validate, batch.step, folder)
-            self._save_state()
-            self._append_history(line)
-            self.prune()
-            self._plot_steps()
+        async with contextlib.aclosing(orchestrator.batches(persist=True, finished=finished)) as batches:
+            async for batch in batches:
+                previous = await self._step(orchestrator, batch, previous)
+                if self.state.get("stopped"):
+                    self.log(f"stopped: {self.state['stopped']}")
+                    return
+
+    async def _step(self, orchestrator: Orchestrator, batch: Batch, previous: Artefact | None) -> Artefact | None:
+        """Train on one batch, serve the result, validate and guard it; the adapter the next step trains from."""
+        folder = self._step_dir(batch.step)
+        line: dict[str, Any] = {"epoch": batch.step, "step": batch.step, "stage": "async",
+                                "orchestrator": batch.metrics,
+                                "train": {"mean_reward": batch.metrics["reward_mean"],
+                                          "rollouts": batch.metrics["rollouts"]}}
+        curated = self._curate(batch.rollouts, folder)
+        if curated:
+            started = time.perf_counter()
+            artefact = finished_artefact(folder / "train")  # trained before a kill: not trained again
+            if artefact is None:
+                artefact = await asyncio.to_thread(self._train_step, batch.step, folder, previous)
+            line["train"].update(artefact.metrics, optimize_s=round(time.perf_counter() - started, 3))
+            await orchestrator.finish_step(batch.step, artefact.uri)
+            previous = artefact
+            self.state["applied"] = self.state["last"] = artefact.model_dump()
+        else:  # e.g. no group with a reward spread for GRPO: nothing to learn, the served weights stay
+            await orchestrator.finish_step(batch.step, None)
+            line["train"]["skipped"] = "nothing to train on after curation"
+        line["model_version"] = self.serving.version = _served(orchestrator)
+        line["artefact"] = previous.uri if previous else None
+        validation = self.plan.validation
+        if validation is not None and batch.step % validation.every == 0:
+            line["validation"] = await asyncio.to_thread(self._validate, batch.step, folder)
+            line["guard"] = self._guard_step(line["validation"], previous)
+        self._save_state()
+        self._append_history(line)
+        self.prune()
+        self._plot_steps()
+        return previous
+
+    def _guard_step(self, summary: dict[str, Any], artefact: Artefact | None) -> dict[str, Any] | None:
+        """The guard of an async run: a step's model that falls more than `max_drop` below the best or
+        misses an `accept` threshold stops the run, the best model being the one the run leaves applied
+        (generation runs ahead on the newest weights, so an async run cannot roll back and go on)."""
+        guard = self.plan.guard
+        problems = [] if guard is None else guard_problems(summary, self.state.get("best"), guard.max_drop,
+                                                            guard.accept)
+        if not problems:
+            self._remember_best(summary, artefact)
+            return None if guard is None else {"ok": True}
+        best = self.state.get("best")
+        self.state["applied"] = best["artefact"] if best else None
+        restored = (best or {}).get("version") or "the base model"
+        self.state["stopped"] = f"{'; '.join(problems)}; the best model is {restored}"
+        self.log(f"guard: {'; '.join(problems)}: stopping; the best model is {restored}")
+        return {"ok": False, "problems": problems, "best": best["reward"] if best else None, "action": "stop"}
 
     def _curate(self, rollouts: list[dict[str, Any]], folder: Path) -> int:
         """The batch as the optimize adapter's records (GRPO groups for trl_grpo) in curated.jsonl;

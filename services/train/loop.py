@@ -35,6 +35,7 @@ from ..rollouts.collector import CollectOptions, Collector
 from .curation import Curated, CurationError, curate, on_policy
 from .jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
 from .plan import RL_ADAPTERS, Plan, StageSection, trainer_args
+from .rewind import STATE_FILE, RewindError, rewind
 from .serving import Serving
 from .tracking import Tracker
 from .trainers import Artefact, RemoteTrainer, TrainConfig, TrainingFailed, load_adapter
@@ -129,8 +130,10 @@ class PhaseBar:
 
 
 class TrainLoop:
-    def __init__(self, plan: Plan, *, progress: bool = True, log: Callable[[str], None] | None = None) -> None:
+    def __init__(self, plan: Plan, *, progress: bool = True, log: Callable[[str], None] | None = None,
+                 rewind_to: int | None = None) -> None:
         self.plan = plan
+        self.rewind_to = rewind_to  # continue from the end of this epoch (step), moving later ones aside
         self.progress = progress
         self.log = log or (lambda message: print(f"rollgym: {message}", file=sys.stderr))
         self.output = Path(plan.output)
@@ -174,6 +177,11 @@ class TrainLoop:
                              f"{', '.join(RESUMABLE_CHANGES)})")
         write_json(self.output / "plan.json", current)
         self._drop_torn_history()
+        if self.rewind_to is not None:
+            try:
+                rewind(self.output, self.rewind_to, self._unit_dir(0).name.partition("-")[0], self.log)
+            except RewindError as exc:
+                raise TrainError(str(exc)) from None
 
     def _drop_torn_history(self) -> None:
         """A line cut short by a kill would swallow the next one appended after it: keep whole lines only."""
@@ -259,7 +267,15 @@ class TrainLoop:
     def history(self) -> list[dict[str, Any]]:
         return read_rollouts(self.history_path)
 
+    def _unit_dir(self, number: int) -> Path:
+        """The folder of an epoch (of a step, in async mode)."""
+        return self._epoch_dir(number)
+
     def _append_history(self, line: dict[str, Any]) -> None:
+        """Finish an epoch: its state saved in its folder (what `--rewind` restores), its line appended."""
+        folder = self._unit_dir(int(line["epoch"]))
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / STATE_FILE, self.state)
         with self.history_path.open("ab") as handle:
             handle.write(orjson.dumps(line) + b"\n")
             handle.flush()
@@ -535,22 +551,29 @@ class TrainLoop:
     def prune(self) -> None:
         """Delete what no resume or guard can need: merged GGUFs that are neither applied, last nor the
         best (each is hundreds of MB), and with `checkpoints.keep_last: N` the weights and trainer state
-        of steps older than the last N (their artefact.json stays: a finished step is never redone)."""
+        of steps older than the last N (their artefact.json stays: a finished step is never redone),
+        except every `checkpoints.every`-th step's, kept to rewind to."""
         kept: set[str] = set()
         best = (self.state.get("best") or {}).get("artefact")
         for artefact in (self.state.get("applied"), self.state.get("last"), best):
             for uri in (artefact or {}).get("uri"), (artefact or {}).get("serving_uri"):
                 if uri:
                     kept.add(str(Path(uri).resolve()))
+        every = self.plan.checkpoints.every
+
+        def rewindable(train: Path) -> bool:  # every Nth step's weights stay, to rewind to
+            number = train.parent.name.rpartition("-")[2]
+            return bool(every) and number.isdigit() and int(number) % every == 0
+
         for path in self.output.glob("*-*/train/policy-*.gguf"):
-            if str(path.resolve()) not in kept:
+            if str(path.resolve()) not in kept and not rewindable(path.parent):
                 path.unlink(missing_ok=True)
         keep_last = self.plan.checkpoints.keep_last
         if not keep_last:
             return
         finished = sorted(train for train in self.output.glob("*-*/train") if (train / ARTEFACT_FILE).is_file())
         for train in finished[:-keep_last]:
-            if any(uri.startswith(str(train.resolve()) + os.sep) for uri in kept):
+            if rewindable(train) or any(uri.startswith(str(train.resolve()) + os.sep) for uri in kept):
                 continue
             for name in ("checkpoint", "adapter"):
                 shutil.rmtree(train / name, ignore_errors=True)

@@ -164,6 +164,8 @@ class GuardSection(_Strict):
 class CheckpointSection(_Strict):
     keep_last: int | None = Field(default=None, ge=1, description="keep the weights and trainer state of the last N "
                                   "steps (and the applied and best ones); None: all")
+    every: int | None = Field(default=None, ge=1, description="also keep every Nth step's weights (merged GGUF "
+                              "included), to rewind to (`rollgym train --rewind N`)")
 
 
 class Plan(_Strict):
@@ -188,8 +190,11 @@ class Plan(_Strict):
     def _consistent(self) -> "Plan":
         if self.mode == "epochs" and (not self.stages or self.orchestrator or self.optimize):
             raise ValueError("mode: epochs runs stages (at least one), without orchestrator or optimize")
-        if self.mode == "async" and (self.stages or not self.orchestrator or not self.optimize or self.guard):
-            raise ValueError("mode: async needs orchestrator and optimize, and takes no stages or guard")
+        if self.mode == "async" and (self.stages or not self.orchestrator or not self.optimize):
+            raise ValueError("mode: async needs orchestrator and optimize, and takes no stages")
+        if self.mode == "async" and self.guard is not None and self.guard.on_violation != "stop":
+            raise ValueError("guard.on_violation: an async run's guard can only stop it (generation runs ahead on "
+                             "the newest weights: there is no rolling back and going on)")
         names = [stage.name for stage in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be distinct: {names}")

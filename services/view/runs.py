@@ -29,6 +29,9 @@ TIMING_GROUPS = ("phases_s", "timings", "timing", "phases", "phase_s")
 TEXT_FIRST = ("stage", "model_version", "artefact")
 # the mean reward under its usual names (`train.mean_reward`, `reward_mean`, `validation_reward`), not
 # counts that mention rewards (`curated.dropped.below_min_reward`) or spreads (`reward_std`)
+# The trainer's figures per step (docs/trainers.md, "What a step reports"), charted apart from rewards.
+TRAINER_NAME = re.compile(r"(train_)?loss|grad_norm|(mismatch_)?kl|clip_fraction|masked_fraction|tis_capped_fraction"
+                          r"|importance_ratio_(mean|min|max)|entropy|logprob_gap_mean")
 REWARD_NAME = re.compile(r"((train|validation|val|eval|test)_)?(mean_)?reward(_mean)?")
 
 
@@ -237,7 +240,8 @@ def run_charts(run: Run, filters: Filters | None = None) -> dict[str, Any]:
 def read_history(path: Path) -> dict[str, Any]:
     """history.jsonl as series: x (epoch, else step, else the line number), each numeric field
     flattened to a dotted name (`train.mean_reward`, `phases_s.collect`), reward-like and
-    timing-like names listed apart for the charts, and the top-level text fields per epoch."""
+    timing-like and the trainer's names (loss, grad_norm, kl, clip and masked fractions) listed apart
+    for the charts, and the top-level text fields per epoch."""
     rows, bad = [], []
     with open(path, "rb") as handle:
         for number, line in enumerate(handle, 1):
@@ -258,9 +262,11 @@ def read_history(path: Path) -> dict[str, Any]:
     rewards = [n for n in names if REWARD_NAME.fullmatch(n.rsplit(".", 1)[-1].lower())]
     passes = [n for n in names if "pass@" in n.lower()]
     timings = [n for n in names if n.split(".")[0] in TIMING_GROUPS or (n.endswith("_s") and n not in rewards)]
+    trainer = [n for n in names if n.startswith("train.") and TRAINER_NAME.fullmatch(n.rsplit(".", 1)[-1])]
     text_names = sorted({k for row in rows for k, v in row.items() if isinstance(v, str)}, key=_text_order)
     texts = {name: [row.get(name) if isinstance(row.get(name), str) else None for row in rows] for name in text_names}
-    return {"x": x, "series": series, "reward": rewards, "pass": passes, "timings": timings, "texts": texts,
+    return {"x": x, "series": series, "reward": rewards, "pass": passes, "timings": timings, "trainer": trainer,
+            "texts": texts,
             "rows": len(rows), "bad_lines": bad}
 
 

@@ -80,6 +80,8 @@ def test_async_plan_errors_name_the_key(stack, tmp_path):
     with pytest.raises(PlanError, match=r"key .orchestrator.: batch_size \(5\) must be a multiple of"):
         load_plan(write_plan(tmp_path, stack, orchestrator={
             "batch_size": 5, "rollouts_per_example": 2, "envs": [{"name": "r", "input": "t.jsonl"}]}))
+    with pytest.raises(PlanError, match=r"guard.on_violation: an async run's guard can only stop it"):
+        load_plan(write_plan(tmp_path, stack, guard={"max_drop": 0.1, "on_violation": "continue"}))
     plan = load_plan(write_plan(tmp_path, stack))
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "old.txt").write_text("x")
@@ -192,3 +194,34 @@ def test_a_step_applied_but_not_recorded_is_applied_again_not_trained_again(stac
     assert [line["step"] for line in lines] == [0, 1, 2] and lines[2]["validation"]
     assert len((run / "calls.log").read_text().splitlines()) == 2  # step 2 was not trained again
     assert (run / "orchestrator" / "steps" / "step_2" / "batch.jsonl").read_bytes() == batch_2
+
+
+def test_an_async_guard_stops_the_run_and_a_rewind_goes_on_from_an_earlier_step(stack, tmp_path):
+    """A step's validation below `accept` stops an async run, leaving the best model applied; rewound to
+    step 1 with the guard relaxed, the run trains steps 2 and 3 again from step 1's adapter, and the
+    orchestrator's later batches are moved aside with the rest."""
+    plan_path = write_plan(tmp_path, stack, guard={"max_drop": None, "accept": {"mean_reward": 1.5}})
+    said: list[str] = []
+    state = AsyncTrainLoop(load_plan(plan_path), progress=False, log=said.append).run()
+    run = tmp_path / "run"
+    history = _lines(run / "history.jsonl")
+    assert [line["step"] for line in history] == [0, 1, 2]  # step 2 was validated and refused; no step 3
+    assert history[2]["guard"]["ok"] is False and history[2]["guard"]["action"] == "stop"
+    assert "below the accepted 1.5" in state["stopped"] and state["applied"] is None  # the base model was best
+    assert AsyncTrainLoop(load_plan(plan_path), progress=False, log=said.append).run()["stopped"]
+    assert "this run has stopped already" in said[-1]
+
+    plan = orjson.loads(plan_path.read_bytes())
+    plan["guard"] = {"max_drop": None}  # a resumed run may change its guard
+    plan_path.write_bytes(orjson.dumps(plan))
+    state = AsyncTrainLoop(load_plan(plan_path), progress=False, log=said.append, rewind_to=1).run()
+    assert not state["stopped"]
+    assert [line["step"] for line in _lines(run / "history.jsonl")] == [0, 1, 2, 3]
+    calls = [line.split() for line in (run / "calls.log").read_text().splitlines()]
+    assert [c[0] for c in calls] == ["policy-s001", "policy-s002", "policy-s002", "policy-s003"]
+    assert calls[2][2] == str(run / "step-001" / "train" / "adapter")
+    [aside] = (run / "rewound").iterdir()
+    assert (aside / "step-002" / "train" / "artefact.json").is_file()
+    assert sorted(p.name for p in (aside / "orchestrator-steps").iterdir())[0] == "step_2"
+    ids = [r["rollout_id"] for n in (1, 2, 3) for r in _lines(run / "orchestrator" / "steps" / f"step_{n}" / "batch.jsonl")]
+    assert len(ids) == len(set(ids)) == 12

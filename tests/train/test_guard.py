@@ -125,3 +125,19 @@ def test_keep_last_prunes_old_weights_but_never_the_applied_or_best(tmp_path: Pa
     assert present == {1: False, 2: True, 3: False, 4: True, 5: True}
     assert [p.name for p in sorted(loop.output.glob("epoch-*/train/*.gguf"))] == ["policy-e002.gguf", "policy-e004.gguf"]
     assert all((loop.output / f"epoch-{e:03d}" / "train" / "artefact.json").is_file() for e in (1, 2, 3, 4))
+    # checkpoints.every keeps every Nth step's weights, to rewind to; rewinding says which are left.
+    loop.plan.checkpoints.every = 3
+    (loop.output / "epoch-003" / "train" / "checkpoint" / "adapter").mkdir(parents=True)
+    (loop.output / "epoch-003" / "train" / "policy-e003.gguf").write_bytes(b"GGUF")
+    loop.prune()
+    assert (loop.output / "epoch-003" / "train" / "policy-e003.gguf").exists()
+    assert (loop.output / "epoch-003" / "train" / "checkpoint" / "adapter").is_dir()
+    from rollgym.train.rewind import RewindError, rewind
+
+    (loop.output / "history.jsonl").write_bytes(b"".join(orjson.dumps({"epoch": e}) + b"\n" for e in range(5)))
+    for epoch in (1, 2, 3, 4):
+        (loop.output / f"epoch-{epoch:03d}" / "state.json").write_bytes(orjson.dumps(
+            {"applied": artefacts[epoch], "last": artefacts[epoch], "best": None}))
+    with pytest.raises(RewindError, match=r"cannot rewind to epoch 1: its weights .*epoch-001.* were pruned "
+                                          r"\(checkpoints.keep_last\); epochs it can rewind to: 2, 3, 4"):
+        rewind(loop.output, 1, "epoch", log=lambda _: None)

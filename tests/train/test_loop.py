@@ -270,3 +270,27 @@ def test_replayed_rollouts_train_offline_or_beside_live_ones(tmp_path: Path, reg
         load_plan(make_plan(tmp_path / "c", registry_file, stages=[{**offline, "replay": ["nope.jsonl"]}]))
     with pytest.raises(Exception, match=r"a stage trains on collect \(live rollouts\), replay \(rollouts files\), or both"):
         load_plan(make_plan(tmp_path / "d", registry_file, stages=[{k: v for k, v in offline.items() if k != "replay"}]))
+
+
+def test_a_run_rewound_to_an_earlier_epoch_trains_on_from_its_weights(tmp_path: Path, registry_file: Path) -> None:
+    """`--rewind 1` after three epochs: epochs 2 and 3 are moved aside (not deleted), history and state
+    are epoch 1's again, and the rerun trains epoch 2 from epoch 1's adapter."""
+    plan = make_plan(tmp_path, registry_file)
+    data = yaml.safe_load(plan.read_text())
+    data["stages"][0]["epochs"] = 3
+    plan.write_text(yaml.safe_dump(data))
+    first = TrainLoop(load_plan(plan), progress=False)
+    first.run()
+    epoch_1 = first.history()[1]["artefact"]
+    with pytest.raises(TrainError, match=r"epoch 7 is not a finished epoch of this run \(finished: 0\.\.3\)"):
+        TrainLoop(load_plan(plan), progress=False, rewind_to=7).run()
+    rewound = TrainLoop(load_plan(plan), progress=False, rewind_to=1)
+    rewound.run()
+    assert [line["epoch"] for line in rewound.history()] == [0, 1, 2, 3]
+    assert [c[0] for c in calls(tmp_path)] == ["policy-e001", "policy-e002", "policy-e003", "policy-e002",
+                                               "policy-e003"]
+    assert calls(tmp_path)[3][2] == epoch_1  # trained on from epoch 1's weights
+    [aside] = (tmp_path / "run" / "rewound").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["epoch-002", "epoch-003", "history.jsonl"]
+    assert [line["epoch"] for line in read_rollouts(aside / "history.jsonl")] == [2, 3]
+    assert read_rollouts(aside / "epoch-002" / "rollouts.jsonl")  # the discarded epochs' data is kept

@@ -151,7 +151,9 @@ def test_training_folder_history_is_read_whatever_fields_it_has(tmp_path: Path) 
     history.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [  # as `rollgym train` writes it
         {"epoch": 0, "stage": None, "model_version": "base", "validation": {"mean_reward": 0.1, "pass@4": 0.3},
          "phases_s": {"validate": 3.0}},
-        {"epoch": 1, "stage": "sft", "model_version": "lora-1", "train": {"mean_reward": 0.4, "train_s": 20.5},
+        {"epoch": 1, "stage": "sft", "model_version": "lora-1", "train": {"mean_reward": 0.4, "train_s": 20.5,
+                                                                          "loss": 0.06, "grad_norm": 0.24, "kl": 0.01,
+                                                                          "clip_fraction": 0.02, "tokens": 900},
          "validation": None, "phases_s": {"collect": 9.0, "optimize": 25.0}, "overhead_s": 0.4, "guard": False,
          "curated": {"dropped": {"below_min_reward": 13}}, "reward_std": 0.2},
     ]) + b'{"epoch": 2, "tra')  # a line still being written
@@ -161,4 +163,6 @@ def test_training_folder_history_is_read_whatever_fields_it_has(tmp_path: Path) 
     assert read["series"]["validation.mean_reward"] == [0.1, None] and read["pass"] == ["validation.pass@4"]
     assert read["timings"] == ["overhead_s", "phases_s.collect", "phases_s.optimize", "phases_s.validate",
                                "train.train_s"]
+    # The trainer's figures are charted apart ("trainer per step"; the fractions on their own chart).
+    assert read["trainer"] == ["train.clip_fraction", "train.grad_norm", "train.kl", "train.loss"]
     assert not read["bad_lines"] and read["texts"] == {"stage": [None, "sft"], "model_version": ["base", "lora-1"]}

@@ -91,7 +91,8 @@ def test_pages_in_a_headless_browser(collection: Path, browser: Any, tmp_path: P
     training = tmp_path / "train"
     training.mkdir()
     (training / "history.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [
-        {"epoch": e, "stage": "sft", "model_version": f"lora-{e}", "train": {"mean_reward": 0.2 + 0.1 * e},
+        {"epoch": e, "stage": "sft", "model_version": f"lora-{e}",
+         "train": {"mean_reward": 0.2 + 0.1 * e, "loss": 0.1 / (e + 1), "grad_norm": 0.3, "clip_fraction": 0.01 * e},
          "validation": {"mean_reward": 0.15 + 0.1 * e}, "phases_s": {"collect": 10.0 - e, "optimize": 4.0}}
         for e in range(4)]))
     catalog = Catalog([collection, training])
@@ -152,11 +153,13 @@ def test_pages_in_a_headless_browser(collection: Path, browser: Any, tmp_path: P
         assert len(css(".member")) == 2 and "advantage" in css(".member")[0].text
         browser.save_screenshot(str(shots / "4-group.png"))
 
-        # A training run: reward per epoch and the phase timings.
+        # A training run: reward per epoch, the trainer's figures and the phase timings.
         show("#/training/t0")
         assert css('.chart[data-chart="reward per epoch"] canvas')
+        assert css('.chart[data-chart="trainer per step"] canvas')
+        assert css('.chart[data-chart="clipped and masked tokens"] canvas')
         table = css(".training table.epochs")[0].text
-        assert "phases_s.collect" in table and "lora-3" in table
+        assert "phases_s.collect" in table and "lora-3" in table and "train.grad_norm" in table
         browser.save_screenshot(str(shots / "5-training.png"))
 
         errors = [entry for entry in browser.get_log("browser") if entry["level"] in ("SEVERE", "ERROR")]

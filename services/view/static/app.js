@@ -152,9 +152,13 @@ async function renderTraining(card, id, compact, fetched) {
     lineChart(row, "reward per epoch", h.x, pick(h.reward), "epoch", "reward");
     if (h.pass.length) lineChart(row, "pass@k per epoch", h.x, pick(h.pass), "epoch", "pass@k", [0, 1]);
     if (h.timings.length) lineChart(row, "phase timings per epoch", h.x, pick(h.timings), "epoch", "seconds");
+    const fractions = h.trainer.filter((n) => n.endsWith("_fraction"));
+    const optimizer = h.trainer.filter((n) => !fractions.includes(n));
+    if (optimizer.length) lineChart(row, "trainer per step", h.x, pick(optimizer), "epoch", "value");
+    if (fractions.length) lineChart(row, "clipped and masked tokens", h.x, pick(fractions), "epoch", "fraction", [0, 1]);
     if (!compact) {
       const texts = Object.keys(h.texts);
-      const numbers = [...h.reward, ...h.pass, ...h.timings];
+      const numbers = [...h.reward, ...h.pass, ...h.trainer, ...h.timings];
       const table = el("table", { class: "timings epochs" }, el("tr", {}, el("th", { text: "epoch" }),
         [...texts, ...numbers].map((n) => el("th", { text: n }))));
       h.x.forEach((x, i) => table.append(el("tr", {}, el("td", { class: "num", text: fmt(x) }),
