@@ -76,6 +76,7 @@ class ServerSpec:
     root: str
     replicas: int = 1
     ray_resources: dict[str, Any] = field(default_factory=dict)
+    package: str = ""  # an installed environment package's import name (root: the folder holding it)
 
     @property
     def key_prefix(self) -> str:
@@ -83,7 +84,13 @@ class ServerSpec:
 
     @property
     def module(self) -> str:
-        return f"{self.role}.{self.folder}.{Path(self.entrypoint).with_suffix('').as_posix().replace('/', '.')}"
+        inside = Path(self.entrypoint).with_suffix('').as_posix().replace('/', '.')
+        return f"{self.package}.{inside}" if self.package else f"{self.role}.{self.folder}.{inside}"
+
+    @property
+    def path(self) -> Path:
+        """The server's folder: ROOT/role/folder, or an installed package's own folder."""
+        return Path(self.root) / (self.package or f"{self.role}/{self.folder}")
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -206,9 +213,19 @@ def _server_spec(name: str, entry: Any, source: str) -> ServerSpec:
         message = "unknown option" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
         raise ConfigError(f"{source}: key '{key}.ray_resources{'.' + loc if loc else ''}': {message}") from None
     root = _find_root(Path(source), role, folder, entrypoint)
+    package = ""
+    if root is None and role == "resources_servers":
+        from .envkit.packages import installed_environments
+
+        installed = installed_environments().get(str(folder))
+        if installed is not None and (installed.path / entrypoint).is_file():
+            root, package = installed.path.parent, installed.package
     if root is None:
-        raise ConfigError(f"{where}: no {role}/{folder}/{entrypoint} found next to {source} or in the current directory")
-    return ServerSpec(name, role, str(folder), entrypoint, options, source, str(root), replicas, ray_resources)
+        raise ConfigError(f"{where}: no {role}/{folder}/{entrypoint} found next to {source} or in the current "
+                          "directory" + (", and no installed environment package of that name"
+                                         if role == "resources_servers" else ""))
+    return ServerSpec(name, role, str(folder), entrypoint, options, source, str(root), replicas, ray_resources,
+                      package)
 
 
 def _find_root(source: Path, role: str, folder: str, entrypoint: str) -> Path | None:

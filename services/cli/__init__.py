@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     stack.register(commands)  # run, serve-one, compose
     collect.register(commands)  # collect-rollouts
-    envkit.register(commands)  # test, init, check-tokens
+    envkit.register(commands)  # test, init, env list, check-tokens
     data.register(commands)  # export, curriculum, prepare-data
     adapters.register(commands)  # adapters load|unload|list
     view.register(commands)  # view

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,18 @@ def register(commands: Any) -> None:
     test.set_defaults(handler=run_test)
 
     init = commands.add_parser("init", help="scaffold a new environment folder that passes `rollgym test`")
-    init.add_argument("folder", metavar="resources_servers/NAME")
+    init.add_argument("folder", metavar="resources_servers/NAME | DIR",
+                      help="the folder to write (with --package: the project folder; its name is the package's)")
+    init.add_argument("--package", action="store_true", help="a pip-installable project (pyproject.toml with a "
+                      "rollgym.environments entry point) instead of a folder of this checkout")
     init.set_defaults(handler=run_init)
+
+    env = commands.add_parser("env", help="the environments a stack can use")
+    actions = env.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="every environment folder here and every installed environment "
+                                 "package, with its tools and an example task")
+    listing.add_argument("--json", action="store_true", help="one JSON object per environment")
+    listing.set_defaults(handler=run_env_list)
 
     # check-tokens: multi-turn rollouts must extend their tokens exactly (rollgym.envkit.token_check).
     _add_check_tokens(commands)
@@ -32,7 +43,7 @@ def run_test(args: argparse.Namespace) -> int:
         if not folders:
             raise UsageError("--all: no server folders here; run it from the repository root")
     elif args.folders:
-        folders = [Path(folder) for folder in args.folders]
+        folders = [_folder_or_package(folder) for folder in args.folders]
     else:
         raise UsageError("name a server folder (e.g. resources_servers/weather) or pass --all")
     reports = [check_folder(folder, run_tests=not args.no_tests) for folder in folders]
@@ -47,17 +58,65 @@ def run_test(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def run_init(args: argparse.Namespace) -> int:
-    from ..envkit.scaffold import scaffold
+def _folder_or_package(given: str) -> Path:
+    """A server folder's path, or the name of an installed environment package (its folder)."""
+    path = Path(given)
+    if not path.exists() and "/" not in given:
+        from ..envkit.packages import installed_environments
 
+        installed = installed_environments().get(given)
+        if installed is not None:
+            return installed.path
+    return path
+
+
+def run_init(args: argparse.Namespace) -> int:
+    from ..envkit.scaffold import scaffold, scaffold_package
+
+    folder = Path(args.folder)
     try:
-        written = scaffold(Path(args.folder))
+        written = scaffold_package(folder) if args.package else scaffold(folder)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     for path in written:
         print(f"  wrote {path}")
-    print(f"next: edit {args.folder}/app.py, then `rollgym test {args.folder}`")
+    if args.package:
+        print(f"next: edit {folder / folder.name}/app.py, `pip install -e {folder}`, then, from the rollgym "
+              f"checkout, `rollgym test {folder.name}`")
+    else:
+        print(f"next: edit {args.folder}/app.py, then `rollgym test {args.folder}`")
     return 0
+
+
+def run_env_list(args: argparse.Namespace) -> int:
+    import orjson
+
+    from ..envkit.packages import environment_cards, environment_problems
+
+    cards = environment_cards(Path.cwd())
+    if args.json:
+        for card in cards:
+            print(orjson.dumps(card.to_json()).decode())
+    else:
+        for card in cards:
+            print(f"{card.name}  ({card.source}: {card.path})")
+            if card.problem:
+                print(f"  problem: {card.problem}")
+                continue
+            print(f"  {_clip(card.summary)}")
+            print(f"  tools: {', '.join(card.tools) or 'none'}")
+            if card.example:
+                print(f"  example: {_clip(card.example)}")
+        print(f"{len(cards)} environments")
+    problems = environment_problems()
+    for problem in problems:
+        print(f"rollgym: warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def _clip(text: str, width: int = 110) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def run_check_tokens(args: argparse.Namespace) -> int:

@@ -45,7 +45,10 @@ class EnvFolder:
 
     def build(self, server: str, *overrides: str) -> BaseServer:
         """Server `server` of this folder's config (with `a.b=c` overrides), built as a stack would build it."""
-        stack = load_stack([self.config, self.root / _STAND_IN_MODEL], list(overrides))
+        # An installed environment package's tests run from a checkout: the stand-in model is there.
+        model = next((d / _STAND_IN_MODEL for d in (self.root, Path.cwd()) if (d / _STAND_IN_MODEL).is_file()),
+                     self.root / _STAND_IN_MODEL)
+        stack = load_stack([self.config, model], list(overrides))
         if server not in stack.servers:
             raise KeyError(f"{self.config} has no server {server!r} (servers: {', '.join(sorted(stack.servers))}; "
                            f"{DEFAULT_MODEL_NAME} is the stand-in model)")

@@ -31,6 +31,7 @@ from ..config import ROLES, ConfigError, StackConfig, load_stack
 from ..stack.launcher import LaunchError, Stack
 from ..stack.serve import load_server_class
 from ..testing import final_response
+from .packages import installed_environments
 
 
 @dataclass
@@ -69,6 +70,10 @@ def check_folder(folder: Path, *, run_tests: bool = True) -> FolderReport:
     folder = folder.resolve()
     role = folder.parent.name
     root = folder.parent.parent
+    if role not in ROLES and folder in {env.path.resolve() for env in installed_environments().values()}:
+        # An installed environment package: its tests and live check run from here, where the agents
+        # and the stand-in model of its config are found.
+        role, root = "resources_servers", Path.cwd().resolve()
     report = FolderReport(folder, root=root if role in ROLES else Path.cwd().resolve())
     print(f"{role}/{folder.name}", flush=True)
     if role not in ROLES or not (folder / "app.py").is_file():
@@ -117,8 +122,7 @@ def _stack_for(configs: list[Path], wanted: set[str]) -> StackConfig:
 
 
 def _own_servers(stack: StackConfig, folder: Path) -> list[str]:
-    return [name for name, spec in stack.servers.items()
-            if spec.role == folder.parent.name and spec.folder == folder.name]
+    return [name for name, spec in stack.servers.items() if spec.path.resolve() == folder]
 
 
 def _configs(folder: Path) -> list[Path]:

@@ -1,4 +1,6 @@
-"""`rollgym init resources_servers/NAME`: a new environment folder that passes `rollgym test` as is.
+"""`rollgym init resources_servers/NAME`: a new environment folder that passes `rollgym test` as is;
+`rollgym init --package DIR`: the same environment as a pip-installable project (DIR/pyproject.toml,
+DIR/NAME/...), found by stacks through its `rollgym.environments` entry point once installed.
 
 The scaffold is a small working environment (a lookup tool and an exact-answer reward) with every
 file a folder needs, for the user to edit into their own task.
@@ -86,7 +88,7 @@ from __future__ import annotations
 
 import httpx
 
-from resources_servers.{name}.app import score
+from {module}.app import score
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, serve_in_thread
 
@@ -129,10 +131,53 @@ README = '''# {name}
 `rollgym test` verifies), `tests/`.
 
 ```bash
-rollgym test resources_servers/{name}
-rollgym collect-rollouts --config resources_servers/{name}/configs/{name}.yaml \\
-    --input resources_servers/{name}/data/example.jsonl --output runs/{name}.jsonl --repeats 4
+rollgym test {folder}
+rollgym collect-rollouts --config {folder}/configs/{name}.yaml \\
+    --input {folder}/data/example.jsonl --output runs/{name}.jsonl --repeats 4
 ```
+'''
+
+PYPROJECT = '''[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "0.1.0"
+description = "{name}: a rollgym environment"
+requires-python = ">=3.11"
+# rollgym itself comes from its checkout (pip install -e path/to/rollgym); list your reward's own
+# dependencies here.
+dependencies = []
+
+# How rollgym finds it: stacks name it `resources_servers: {{{name}: ...}}`, `rollgym env list` shows it.
+[project.entry-points."rollgym.environments"]
+{name} = "{name}"
+
+# The folders ship whole (setuptools wants data folders listed as packages).
+[tool.setuptools]
+packages = ["{name}", "{name}.configs", "{name}.data", "{name}.tests"]
+
+[tool.setuptools.package-data]
+"{name}" = ["README.md"]
+"{name}.configs" = ["*.yaml"]
+"{name}.data" = ["*.jsonl"]
+'''
+
+PACKAGE_README = '''# {dist}
+
+A rollgym environment, installable with pip. `{name}/` is the environment folder (see
+`{name}/README.md`); the entry point in `pyproject.toml` is how rollgym finds it once installed.
+
+```bash
+pip install -e .                        # into rollgym's environment
+cd path/to/rollgym                      # the checkout: its agents and models serve the stack
+rollgym env list                        # {name} is listed, with its tools and an example task
+rollgym test {name}                     # its tests, then a live check of its server
+```
+
+Publish it as any Python package (`python -m build`, then `twine upload dist/*`, or a git URL:
+`pip install git+https://...`); whoever installs it runs it by name.
 '''
 
 EXAMPLES = [
@@ -153,15 +198,42 @@ def example_rows() -> list[dict]:
              "facts": facts, "expected": expected} for question, facts, expected in EXAMPLES]
 
 
+def scaffold_package(project: Path) -> list[Path]:
+    """Write a pip-installable environment project: project/pyproject.toml, README.md, and the
+    environment folder project/NAME/ (NAME: the project folder's name)."""
+    name = project.name
+    if not NAME_PATTERN.match(name):
+        raise ValueError(f"package name {name!r} must be lower_snake_case (it is also the import name)")
+    if project.exists() and any(project.iterdir()):
+        raise ValueError(f"{project} already exists and is not empty")
+    written = _write_folder(project / name, module=name, shown=str(project / name))
+    dist = name.replace("_", "-")
+    for relative, text in {"pyproject.toml": PYPROJECT.format(name=name, dist=dist),
+                           "README.md": PACKAGE_README.format(name=name, dist=dist)}.items():
+        (project / relative).write_text(text)
+        written.append(project / relative)
+    return written
+
+
 def scaffold(folder: Path) -> list[Path]:
     """Write a new environment folder; refuses to overwrite anything. Returns the files written."""
     name = folder.name
     if folder.parent.name != "resources_servers":
-        raise ValueError(f"a new environment goes in resources_servers/NAME, not {folder}")
+        raise ValueError(f"a new environment goes in resources_servers/NAME, not {folder} "
+                         "(or make it a package: rollgym init --package DIR)")
     if not NAME_PATTERN.match(name):
         raise ValueError(f"environment name {name!r} must be lower_snake_case (a Python package name)")
     if folder.exists() and any(folder.iterdir()):
         raise ValueError(f"{folder} already exists and is not empty")
+    written = _write_folder(folder, module=f"resources_servers.{name}", shown=f"resources_servers/{name}")
+    init = folder.parent / "__init__.py"
+    if not init.exists():
+        init.write_text("")
+    return written
+
+
+def _write_folder(folder: Path, *, module: str, shown: str) -> list[Path]:
+    name = folder.name
     cls = "".join(part.capitalize() for part in name.split("_"))
     rows = example_rows()
     first_key = next(iter(rows[0]["facts"]))
@@ -176,8 +248,8 @@ def scaffold(folder: Path) -> list[Path]:
         f"configs/{name}.yaml": CONFIG.format(name=name),
         "data/example.jsonl": "".join(json.dumps(row) + "\n" for row in rows),
         "data/checks.jsonl": "".join(json.dumps(check) + "\n" for check in checks),
-        f"tests/test_{name}.py": TESTS.format(name=name, cls=cls),
-        "README.md": README.format(name=name, row=json.dumps(rows[0], indent=2)),
+        f"tests/test_{name}.py": TESTS.format(name=name, cls=cls, module=module),
+        "README.md": README.format(name=name, row=json.dumps(rows[0], indent=2), folder=shown),
     }
     written = []
     for relative, text in files.items():
@@ -185,7 +257,4 @@ def scaffold(folder: Path) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
-    init = folder.parent / "__init__.py"
-    if not init.exists():
-        init.write_text("")
     return written

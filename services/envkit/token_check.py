@@ -343,7 +343,7 @@ def _default_input(config: StackConfig | None, agent: str) -> Path:
     spec = config.servers.get(name) if name else None
     if spec is None:
         raise CheckUsageError(f"agent '{agent}' names no resources server; pass --input")
-    path = Path(spec.root) / spec.role / spec.folder / "data" / "example.jsonl"
+    path = spec.path / "data" / "example.jsonl"
     if not path.is_file():
         raise CheckUsageError(f"no {path}; pass --input")
     return path
