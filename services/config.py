@@ -9,6 +9,10 @@ Gym uses, so its configs read the same here:
           entrypoint: app.py
           session_ttl_s: 600       # options, validated by the server's own config class
 
+The folder is found next to the config file or in the current directory; failing that, an
+environment (resources_servers) may be an installed package of that name, declared in the
+`rollgym.environments` entry point group (docs/writing-an-environment.md).
+
 A stack is several such files merged in order, then overrides. `${oc.env:NAME}` reads a secret
 from the environment. An override may skip the role and folder: `policy_model.base_url=...`.
 Errors name the file and the key.
@@ -24,7 +28,9 @@ Next to `entrypoint`, two more keys are the stack's, not the server's (docs/depl
 from __future__ import annotations
 
 import difflib
+import importlib.util
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +47,8 @@ DEFAULT_MODEL_NAME = "policy_model"
 DEFAULT_MODEL_CONFIG = Path("models") / "llamacpp" / "configs" / "llamacpp.yaml"
 # Keys of a server entry that the stack reads; the server's own config class never sees them.
 RESERVED_KEYS = ("entrypoint", "replicas", "ray_resources")
+# Installed environment packages declare themselves here (docs/writing-an-environment.md).
+ENVIRONMENTS_GROUP = "rollgym.environments"
 
 
 class RayResources(BaseModel):
@@ -215,8 +223,6 @@ def _server_spec(name: str, entry: Any, source: str) -> ServerSpec:
     root = _find_root(Path(source), role, folder, entrypoint)
     package = ""
     if root is None and role == "resources_servers":
-        from .envkit.packages import installed_environments
-
         installed = installed_environments().get(str(folder))
         if installed is not None and (installed.path / entrypoint).is_file():
             root, package = installed.path.parent, installed.package
@@ -226,6 +232,42 @@ def _server_spec(name: str, entry: Any, source: str) -> ServerSpec:
                                          if role == "resources_servers" else ""))
     return ServerSpec(name, role, str(folder), entrypoint, options, source, str(root), replicas, ray_resources,
                       package)
+
+
+@dataclass(frozen=True)
+class InstalledEnvironment:
+    name: str  # what stack configs call it
+    package: str  # its import name
+    path: Path  # the package's folder
+    distribution: str  # the pip package that installed it
+
+
+def installed_environments() -> dict[str, InstalledEnvironment]:
+    """Every importable environment package, by name (an entry point whose package is gone is left out:
+    `environment_problems` names it)."""
+    found = {}
+    for point in entry_points(group=ENVIRONMENTS_GROUP):
+        path = _package_folder(point.value)
+        if path is not None:
+            found[point.name] = InstalledEnvironment(point.name, point.value, path,
+                                                     point.dist.name if point.dist else "?")
+    return found
+
+
+def environment_problems() -> list[str]:
+    """Entry points of the group that name no importable package, one line each."""
+    return [f"{point.name}: entry point of {point.dist.name if point.dist else '?'} names {point.value!r}, "
+            "which is not an importable package" for point in entry_points(group=ENVIRONMENTS_GROUP)
+            if _package_folder(point.value) is None]
+
+
+def _package_folder(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else None
 
 
 def _find_root(source: Path, role: str, folder: str, entrypoint: str) -> Path | None:

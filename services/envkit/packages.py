@@ -15,51 +15,14 @@ importing them (the module docstring, its @tool methods, the first example row).
 from __future__ import annotations
 
 import ast
-import importlib.util
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-GROUP = "rollgym.environments"
-
-
-@dataclass(frozen=True)
-class InstalledEnvironment:
-    name: str  # what stack configs call it
-    package: str  # its import name
-    path: Path  # the package's folder
-    distribution: str  # the pip package that installed it
-
-
-def installed_environments() -> dict[str, InstalledEnvironment]:
-    """Every importable environment package, by name (an entry point whose package is gone is left out:
-    `environment_problems` names it)."""
-    found = {}
-    for point in entry_points(group=GROUP):
-        path = _package_folder(point.value)
-        if path is not None:
-            found[point.name] = InstalledEnvironment(point.name, point.value, path,
-                                                     point.dist.name if point.dist else "?")
-    return found
-
-
-def environment_problems() -> list[str]:
-    """Entry points of the group that name no importable package, one line each."""
-    return [f"{point.name}: entry point of {point.dist.name if point.dist else '?'} names {point.value!r}, "
-            "which is not an importable package" for point in entry_points(group=GROUP)
-            if _package_folder(point.value) is None]
-
-
-def _package_folder(name: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    return Path(locations[0]) if locations else None
+from ..config import ENVIRONMENTS_GROUP as GROUP
+from ..config import InstalledEnvironment, environment_problems, installed_environments
 
 
 @dataclass
