@@ -5,7 +5,9 @@ it (see generators.py) and checks that its question is the row's user message, s
 another reasoning-gym version or with another config is refused instead of scored against the wrong
 answer. The reward is `score_answer(answer, entry)` of the generator, where the answer is the text of
 the last `<answer>...</answer>` in the final assistant message (reasoning-gym's own extraction, the
-format the system prompt asks for). No tags: reward 0.0 with a reason. A scorer that raises is an
+format the system prompt asks for). No tags: reward 0.0 with a reason, unless the server is configured
+with `untagged_answer: last_number`, for small models that do not follow the format yet: then the last
+number of the message is scored instead (and the answer says so). A scorer that raises is an
 environment failure (HTTP 500 with its cause, the rollout's status `env_error`), never a reward of 0.
 """
 
@@ -13,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Callable, TypeVar
+import re
+from typing import Any, Callable, Literal, TypeVar
 
 from pydantic import Field
 
@@ -23,6 +26,7 @@ from rollgym.text import final_message_text, message_text
 from .generators import ANSWER_TAG, GeneratorError, Generators, answer_of
 
 T = TypeVar("T")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 class ReasoningGymTask(RunRequest):
@@ -38,6 +42,9 @@ class ReasoningGymServerConfig(ResourcesServerConfig):
     scoring_timeout_s: float = Field(default=20.0, gt=0, description="deadline for rebuilding and scoring one entry")
     scoring_workers: int = Field(default=2, ge=1, description="threads that build entries and run the scorers")
     max_datasets: int = Field(default=64, ge=1, description="datasets kept built (one per generator, config, seed)")
+    untagged_answer: Literal["none", "last_number"] = Field(
+        default="none", description="without <answer> tags: none = reward 0.0; last_number = score the message's "
+                                    "last number (for small models that do not follow the format yet)")
 
 
 def user_text(task: RunRequest) -> str:
@@ -87,10 +94,17 @@ class ReasoningGymServer(ResourcesServer):
 
     async def verify(self, request: ReasoningGymTask, state: dict[str, Any]) -> Verdict:
         await self._check(request)
-        answer = answer_of(final_message_text(request.response.output))
+        text = final_message_text(request.response.output)
+        answer = answer_of(text)
         details: dict[str, Any] = {"extracted": answer}
+        if answer is None and self.config.untagged_answer == "last_number":
+            numbers = NUMBER.findall(text)
+            answer = numbers[-1] if numbers else None
+            details.update(extracted=answer, extracted_from="last_number")
         if answer is None:
             details["reason"] = f"no <{ANSWER_TAG}>...</{ANSWER_TAG}> in the final message"
+            if self.config.untagged_answer == "last_number":
+                details["reason"] += ", and no number"
             return Verdict(reward=0.0, details=details)
         try:
             reward = await self._off_loop(self.generators.score, request.dataset, request.dataset_config,

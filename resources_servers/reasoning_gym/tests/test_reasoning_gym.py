@@ -67,7 +67,6 @@ def test_rebuilt_entry_scores_its_own_answer(name: str, config: dict[str, Any]) 
     generators = Generators()
     entry = generators.entry(name, config, 5, 20, 3)
     assert generators.entry(name, config, 5, 20, 3) is entry  # cached
-    assert Generators().entry(name, config, 5, 20, 3)["question"] == entry["question"]  # deterministic
     assert generators.score(name, config, 5, 20, 3, entry["answer"]) == 1.0
     assert generators.score(name, config, 5, 20, 3, "certainly not this") < 1.0
 
@@ -128,12 +127,11 @@ def test_generate_is_deterministic_and_splits_never_overlap(tmp_path: Path) -> N
 def test_shipped_files_are_what_generate_writes(tmp_path: Path) -> None:
     assert main(["generate", "--mixture", str(MIXTURE), "--count", "5", "--output", str(tmp_path / "e.jsonl")]) == 0
     assert (tmp_path / "e.jsonl").read_bytes() == ENV.examples.read_bytes()
-    argv = ["generate", "--dataset", "leg_counting", "--set", "min_animals=1", "--set", "max_animals=2",
-            "--set", "max_instances=3", "--seed", "7", "--max-output-tokens", "256", "--count", "64",
+    argv = ["generate", "--mixture", str(ENV.path / "mixtures" / "addition.yaml"), "--count", "64",
             "--output", str(tmp_path / "t.jsonl"), "--validation", "16", "--validation-output", str(tmp_path / "v.jsonl")]
     assert main(argv) == 0
-    assert (tmp_path / "t.jsonl").read_bytes() == (ENV.path / "data" / "leg_counting_train.jsonl").read_bytes()
-    assert (tmp_path / "v.jsonl").read_bytes() == (ENV.path / "data" / "leg_counting_validation.jsonl").read_bytes()
+    assert (tmp_path / "t.jsonl").read_bytes() == (ENV.path / "data" / "addition_train.jsonl").read_bytes()
+    assert (tmp_path / "v.jsonl").read_bytes() == (ENV.path / "data" / "addition_validation.jsonl").read_bytes()
 
 
 def test_a_generator_listed_twice_draws_other_questions() -> None:
@@ -215,6 +213,19 @@ def test_server_end_to_end_over_http() -> None:
             assert untagged["reason"] == "no <answer>...</answer> in the final message"
             wrong = verify(http, row, "<answer>zzz 1000</answer>").json()
             assert wrong["reward"] < 1.0 and wrong["extracted"] == "zzz 1000"
+
+
+def test_last_number_when_untagged_is_opt_in() -> None:
+    row = next(row for row in ROWS if row["dataset"] == "basic_arithmetic")  # "Calculate 4 - 1."
+    server = ReasoningGymServer(ReasoningGymServerConfig(untagged_answer="last_number"), name="reasoning_gym")
+    with serve_in_thread(server) as url, httpx.Client(base_url=url, timeout=30) as http:
+        untagged = verify(http, row, "4 - 1 = 3").json()
+        assert untagged["reward"] == 1.0 and untagged["extracted"] == "3" and untagged["extracted_from"] == "last_number"
+        assert verify(http, row, "3 or maybe 2").json()["reward"] == 0.0
+        tagged = verify(http, row, "<answer>3</answer> not 5").json()  # tags still win
+        assert tagged["reward"] == 1.0 and "extracted_from" not in tagged
+        nothing = verify(http, row, "no idea").json()
+        assert nothing["reward"] == 0.0 and nothing["reason"] == "no <answer>...</answer> in the final message, and no number"
 
 
 def test_bad_rows_are_4xx_naming_the_field() -> None:
@@ -302,4 +313,6 @@ def test_rollouts_through_the_simple_agent() -> None:
 
 def test_config_builds_both_servers() -> None:
     assert ENV.build("reasoning_gym").config.scoring_workers == 2
+    assert ENV.build("reasoning_gym", "reasoning_gym.resources_servers.reasoning_gym.untagged_answer=last_number"
+                     ).config.untagged_answer == "last_number"
     assert ENV.build("reasoning_gym_agent").config.max_steps == 1
