@@ -117,6 +117,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("--validation N needs --validation-output FILE")
     if args.validation_output and not args.validation:
         raise UsageError("--validation-output needs --validation N (N > 0)")
+    if args.validation_output and Path(args.validation_output).resolve() == Path(args.output).resolve():
+        raise UsageError("--validation-output is the --output file: the splits go to two files")
     mixture = _mixture(args)
     started = time.perf_counter()
     counts = {"train": args.count, **({"validation": args.validation} if args.validation else {})}

@@ -154,6 +154,7 @@ def test_a_generator_listed_twice_draws_other_questions() -> None:
           "--count", "50"], "leg_counting gave only 37 new questions"),
         (["--dataset", "leg_counting", "--system-prompt", "be brief"], "--system-prompt: is neither"),
         (["--dataset", "leg_counting", "--validation", "3"], "--validation N needs --validation-output"),
+        (["--dataset", "leg_counting", "--validation", "3", "--validation-output", "OUT"], "the splits go to two files"),
         (["--mixture", "MIXTURE", "--dataset", "leg_counting"], "either --mixture FILE or --dataset NAME"),
         (["--mixture", "BAD_KEY"], "datasets[1].config.foo: basic_arithmetic has no config key 'foo'"),
         (["--mixture", "NO_NAME"], "field 'datasets[0].name': Field required"),
@@ -166,7 +167,8 @@ def test_generate_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytes
     (tmp_path / "bad_key.yaml").write_text("datasets:\n  - name: leg_counting\n  - name: basic_arithmetic\n"
                                            "    config: {foo: 1}\n")
     (tmp_path / "no_name.yaml").write_text("datasets:\n  - weight: 1\n")
-    files.update(BAD_KEY=str(tmp_path / "bad_key.yaml"), NO_NAME=str(tmp_path / "no_name.yaml"))
+    files.update(BAD_KEY=str(tmp_path / "bad_key.yaml"), NO_NAME=str(tmp_path / "no_name.yaml"),
+                 OUT=str(tmp_path / "out.jsonl"))
     argv = [files.get(arg, arg) for arg in argv]
     if "--count" not in argv:
         argv += ["--count", "3"]
