@@ -1,0 +1,116 @@
+"""reasoning_gym: any of reasoning-gym's procedural generators, scored by the generator's own scorer.
+
+A task row names the entry (`dataset`, `dataset_config`, `seed`, `size`, `index`); the server rebuilds
+it (see generators.py) and checks that its question is the row's user message, so a row made by
+another reasoning-gym version or with another config is refused instead of scored against the wrong
+answer. The reward is `score_answer(answer, entry)` of the generator, where the answer is the text of
+the last `<answer>...</answer>` in the final assistant message (reasoning-gym's own extraction, the
+format the system prompt asks for). No tags: reward 0.0 with a reason, unless the server is configured
+with `untagged_answer: last_number`, for small models that do not follow the format yet: then the last
+number of the message is scored instead (and the answer says so). A scorer that raises is an
+environment failure (HTTP 500 with its cause, the rollout's status `env_error`), never a reward of 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+from typing import Any, Callable, Literal, TypeVar
+
+from pydantic import Field
+
+from rollgym import BadRequest, ResourcesServer, ResourcesServerConfig, RunRequest, Verdict
+from rollgym.text import final_message_text, message_text
+
+from .generators import ANSWER_TAG, GeneratorError, Generators, answer_of
+
+T = TypeVar("T")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+class ReasoningGymTask(RunRequest):
+    dataset: str = Field(min_length=1, description="the generator: leg_counting, basic_arithmetic, ...")
+    dataset_config: dict[str, Any] = Field(default_factory=dict, description="the generator's config keys")
+    seed: int = Field(description="the dataset's seed")
+    size: int = Field(gt=0, description="the dataset's virtual size (a few generators depend on it)")
+    index: int = Field(ge=0, description="the entry's index in the dataset")
+    expected_answer: Any = Field(default=None, description="the entry's answer, for readers; not used to score")
+
+
+class ReasoningGymServerConfig(ResourcesServerConfig):
+    scoring_timeout_s: float = Field(default=20.0, gt=0, description="deadline for rebuilding and scoring one entry")
+    scoring_workers: int = Field(default=2, ge=1, description="threads that build entries and run the scorers")
+    max_datasets: int = Field(default=64, ge=1, description="datasets kept built (one per generator, config, seed)")
+    untagged_answer: Literal["none", "last_number"] = Field(
+        default="none", description="without <answer> tags: none = reward 0.0; last_number = score the message's "
+                                    "last number (for small models that do not follow the format yet)")
+
+
+def user_text(task: RunRequest) -> str:
+    """The text of the row's user messages, joined."""
+    given = task.responses_create_params.input
+    if isinstance(given, str):
+        return given
+    return "\n".join(message_text(item) for item in given if getattr(item, "role", None) == "user")
+
+
+class ReasoningGymServer(ResourcesServer):
+    task_model = ReasoningGymTask
+    config_class = ReasoningGymServerConfig
+    config: ReasoningGymServerConfig
+
+    def __init__(self, config: ReasoningGymServerConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.generators = Generators(max_datasets=self.config.max_datasets)
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.config.scoring_workers, thread_name_prefix="reasoning-gym"
+        )
+
+    async def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        await super().shutdown()
+
+    async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) in the pool under the deadline; a bad row becomes a 422 naming its field."""
+        future = asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        try:
+            return await asyncio.wait_for(future, self.config.scoring_timeout_s)
+        except GeneratorError as exc:
+            raise BadRequest(str(exc), field=exc.field) from None
+
+    async def _check(self, task: ReasoningGymTask) -> dict[str, Any]:
+        """The rebuilt entry, after checking that its question is the row's (else a 422 naming `index`)."""
+        entry = await self._off_loop(self.generators.entry, task.dataset, task.dataset_config, task.seed,
+                                     task.size, task.index)
+        if entry["question"].strip() not in user_text(task):
+            raise BadRequest(f"entry {task.index} of {task.dataset} (seed {task.seed}, size {task.size}, this "
+                             "dataset_config) has another question than the row's user message: a row made by "
+                             "another reasoning-gym version or config", field="index")
+        return entry
+
+    async def seed(self, task: ReasoningGymTask, state: dict[str, Any]) -> None:
+        await self._check(task)
+
+    async def verify(self, request: ReasoningGymTask, state: dict[str, Any]) -> Verdict:
+        await self._check(request)
+        text = final_message_text(request.response.output)
+        answer = answer_of(text)
+        details: dict[str, Any] = {"extracted": answer}
+        if answer is None and self.config.untagged_answer == "last_number":
+            numbers = NUMBER.findall(text)
+            answer = numbers[-1] if numbers else None
+            details.update(extracted=answer, extracted_from="last_number")
+        if answer is None:
+            details["reason"] = f"no <{ANSWER_TAG}>...</{ANSWER_TAG}> in the final message"
+            if self.config.untagged_answer == "last_number":
+                details["reason"] += ", and no number"
+            return Verdict(reward=0.0, details=details)
+        try:
+            reward = await self._off_loop(self.generators.score, request.dataset, request.dataset_config,
+                                          request.seed, request.size, request.index, answer)
+        except asyncio.TimeoutError:
+            details["reason"] = "timeout"
+            return Verdict(reward=0.0, details=details)
+        # A ScorerError is not caught: an HTTP 500 with its cause, so the rollout fails as env_error.
+        return Verdict(reward=reward, details=details)
