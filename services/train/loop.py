@@ -317,8 +317,9 @@ class TrainLoop:
         version = phases.get("collect", {}).get("model_version", self.serving.version)
         if "collect" not in phases:
             t = time.perf_counter()
+            level = self._level(stage)
             summary = self._collect(epoch, stage, folder)
-            finish("collect", {"model_version": version, "summary": summary}, time.perf_counter() - t)
+            finish("collect", {"model_version": version, "summary": summary, "level": level}, time.perf_counter() - t)
 
         if "curate" not in phases:
             t = time.perf_counter()
@@ -343,7 +344,9 @@ class TrainLoop:
             bar.done(records=len(curated.records), dropped=sum(curated.dropped.values()))
             finish("curate", result, time.perf_counter() - t)
         if phases["curate"].get("skipped"):
-            self._append_history(self._skipped_line(epoch, stage, phases))
+            line = self._skipped_line(epoch, stage, phases)
+            self._advance(stage, line, phases["collect"].get("level", 0))
+            self._append_history(line)
             return
 
         artefact = finished_artefact(folder / "train")  # a step that finished is never redone
@@ -389,6 +392,7 @@ class TrainLoop:
             "overhead_s": self._overhead(phases),
             "wall_s_this_run": round(wall, 3),
         }
+        self._advance(stage, line, phases["collect"].get("level", 0))
         self._append_history(line)
 
     def _curate_epoch(self, epoch: int, stage: StageSection, folder: Path, version: str | None) -> Curated:
@@ -435,10 +439,32 @@ class TrainLoop:
         if stage.collect is None:  # a replay-only stage trains offline
             return {"rollouts": 0, "failed": 0, "replay": list(stage.replay)}
         params = {**stage.collect.params, **self.serving.request_params()}
-        options = CollectOptions(input=Path(stage.collect.input), output=folder / "rollouts.jsonl",
+        tasks = Path(stage.collect.files[self._level(stage)])
+        options = CollectOptions(input=tasks, output=folder / "rollouts.jsonl",
                                  repeats=stage.collect.repeats, limit=stage.collect.limit, params=params,
                                  progress=self.progress, **self._retries())
         return self._run_collection(options, f"epoch {epoch} collect")
+
+    def _level(self, stage: StageSection) -> int:
+        """The difficulty level a stage collects from now (0 without levels)."""
+        return int(self.state.get("levels", {}).get(stage.name, 0))
+
+    def _advance(self, stage: StageSection, line: dict[str, Any], level: int) -> None:
+        """A stage with levels moves to the next one once an epoch's reward on its level (the one it
+        collected from) or its validation reaches advance_at. The level is part of the saved state, so a
+        resume keeps it, and an epoch finished twice (a kill before its history line) advances once."""
+        collect = stage.collect
+        if collect is None or not collect.levels:
+            return
+        line["level"] = level
+        section = line.get("validation") if collect.advance_on == "validation" else line.get("train")
+        reward = (section or {}).get("mean_reward")
+        if (reward is not None and reward >= collect.advance_at and level + 1 < len(collect.levels)
+                and self._level(stage) <= level):
+            self.state.setdefault("levels", {})[stage.name] = level + 1
+            self._save_state()
+            self.log(f"{stage.name}: {collect.advance_on} reward {reward:.3f} reached {collect.advance_at}: "
+                     f"level {level + 2} of {len(collect.levels)} ({collect.levels[level + 1]}) from the next epoch")
 
     def _validate(self, epoch: int, folder: Path) -> dict[str, Any]:
         section = self.plan.validation

@@ -80,10 +80,27 @@ class StackSection(_Strict):
 
 
 class CollectSection(_Strict):
-    input: str = Field(description="task rows JSONL")
+    input: str | None = Field(default=None, description="task rows JSONL")
+    levels: list[str] = Field(default_factory=list, description="a difficulty curriculum instead of input: task "
+                              "files from easiest to hardest; the stage moves to the next one after an epoch that "
+                              "reaches advance_at")
+    advance_at: float = Field(default=0.7, description="with levels: the mean reward (advance_on) that moves the "
+                              "stage to the next level")
+    advance_on: Literal["train", "validation"] = Field(default="train", description="with levels: the epoch's reward "
+                                                       "on its level's tasks, or the plan's validation")
     repeats: int = Field(default=4, ge=1, description="rollouts per task (a group)")
     limit: int | None = Field(default=None, ge=1, description="use the first N tasks")
     params: dict[str, Any] = Field(default_factory=dict, description="merged into every responses_create_params")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CollectSection":
+        if (self.input is None) == (not self.levels):
+            raise ValueError("collect takes input (one task file) or levels (a difficulty curriculum), not both")
+        return self
+
+    @property
+    def files(self) -> list[str]:
+        return self.levels or [self.input or ""]
 
 
 class OptimizeSection(_Strict):
@@ -261,7 +278,7 @@ def trainer_args(plan: Plan, optimize: OptimizeSection) -> dict[str, Any]:
         total = steps(plan.orchestrator.batch_size // plan.orchestrator.rollouts_per_example) * (
             plan.orchestrator.max_steps or 0)
     else:
-        total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.input))
+        total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.files[0]))
                     for stage in plan.stages if stage.optimize is optimize and stage.collect is not None)
     if total:
         args["total_steps"] = total
@@ -358,8 +375,9 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
         problems.append(("output", f"{output} is a file; a run's output is a folder"))
     if plan.base_model.endswith(".gguf") and not Path(plan.base_model).is_file():
         problems.append(("base_model", f"no such GGUF file: {plan.base_model}"))
-    inputs = [(f"stages[{i}].collect.input", stage.collect.input) for i, stage in enumerate(plan.stages)
-              if stage.collect is not None]
+    inputs = [(f"stages[{i}].collect.{'levels[' + str(j) + ']' if stage.collect.levels else 'input'}", file)
+              for i, stage in enumerate(plan.stages) if stage.collect is not None
+              for j, file in enumerate(stage.collect.files)]
     problems += [(f"stages[{i}].replay[{j}]", f"no such rollouts file: {file}") for i, stage in enumerate(plan.stages)
                  for j, file in enumerate(stage.replay) if not Path(file).is_file()]
     if plan.validation is not None:

@@ -294,3 +294,28 @@ def test_a_run_rewound_to_an_earlier_epoch_trains_on_from_its_weights(tmp_path: 
     assert sorted(p.name for p in aside.iterdir()) == ["epoch-002", "epoch-003", "history.jsonl"]
     assert [line["epoch"] for line in read_rollouts(aside / "history.jsonl")] == [2, 3]
     assert read_rollouts(aside / "epoch-002" / "rollouts.jsonl")  # the discarded epochs' data is kept
+
+
+def test_a_stage_with_levels_moves_to_harder_tasks_once_an_epoch_reaches_advance_at(tmp_path: Path,
+                                                                                     registry_file: Path) -> None:
+    rows = read_rollouts(TASKS)
+    easy, hard = tmp_path / "easy.jsonl", tmp_path / "hard.jsonl"
+    easy.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows[:2]))
+    hard.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows[2:]))
+    plan = make_plan(tmp_path, registry_file, stages=[{
+        "name": "sft", "epochs": 3, "collect": {"levels": [str(easy), str(hard)], "advance_at": 0.9, "repeats": 2},
+        "curate": {"min_reward": 1.0, "top_k_per_group": 1},
+        "optimize": {"adapter": f"{TOY}:CountingTrainer", "data": "sft"}, "apply": "none"}])
+    said: list[str] = []
+    state = TrainLoop(load_plan(plan), progress=False, log=said.append).run()
+    history = TrainLoop(load_plan(plan), progress=False).history()
+    assert [line.get("level") for line in history] == [None, 0, 1, 1]  # the last level is kept
+    cities = {epoch: {r["city"] for r in read_rollouts(tmp_path / "run" / f"epoch-00{epoch}" / "rollouts.jsonl")}
+              for epoch in (1, 2, 3)}
+    assert cities[1] == {row["city"] for row in rows[:2]} and cities[2] == {row["city"] for row in rows[2:]}
+    assert state["levels"] == {"sft": 1} and any("level 2 of 2" in line for line in said)
+    data = yaml.safe_load(plan.read_text())
+    data["stages"][0]["collect"]["input"] = str(TASKS)
+    plan.write_text(yaml.safe_dump(data))
+    with pytest.raises(Exception, match="collect takes input .* or levels .*, not both"):
+        load_plan(plan)
