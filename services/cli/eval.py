@@ -17,7 +17,7 @@ def register(commands: Any) -> None:
         "eval", help="evaluate models/adapters on environments: mean reward, pass@k, 95% CI, comparisons",
         description="Runs every environment of a suite (or --env NAME ...) against every --model through the "
                     "rollout collector, into OUTPUT/ENV/MODEL.jsonl (rerunning resumes), and reports per "
-                    "environment and model the mean reward with a 95%% interval over tasks, unbiased pass@k "
+                    "environment and model the mean reward with a 95% interval over tasks, unbiased pass@k "
                     "and failures counted apart; --compare A B says which differences are beyond noise. "
                     "docs/eval.md")
     run.add_argument("suite", nargs="?", help="a suite YAML file, or a bundled suite's name (evals/NAME.yaml)")
