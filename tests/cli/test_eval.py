@@ -172,3 +172,15 @@ def test_the_bundled_smoke_suite_is_valid() -> None:
     assert path == REPO_ROOT / "evals" / "smoke.yaml"
     environments = suite_environments(load_suite(path), path)
     assert [env.name for env in environments] == ["reverse_text", "weather", "mcq"]
+
+
+def test_failed_rollouts_are_counted_apart_never_as_zero(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with scripted_stack("--fail-rate", "0.4", max_retries=0) as registry:
+        code = evaluate("--env", "reverse_text", "--registry-file", str(write_registry(tmp_path / "s.json", registry)),
+                        "--repeats", "4", "--max-attempts", "1", "--output", str(tmp_path / "o"), "--format", "json")
+    assert code == 0  # some failed, the others were scored
+    result = json.loads(capsys.readouterr().out)["environments"][0]["results"]["base"]
+    assert result["failed"] > 0 and result["rollouts"] + result["failed"] == 20 and result["missing"] == 0
+    assert set(result["failure_statuses"]) == {"model_error"}
+    assert result["mean_reward"]["value"] == 1.0  # every scored rollout reversed its word: no failure became a 0
