@@ -140,8 +140,9 @@ def _rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     rows = []
     for env in report["environments"]:
         for index, (label, result) in enumerate(env["results"].items()):
-            failed = str(result["failed"]) + (f" ({', '.join(f'{s} {n}' for s, n in result['failure_statuses'].items())})"
-                                              if result["failed"] else "")
+            failed = str(result["failed"])
+            if result["failed"]:
+                failed += f" ({', '.join(f'{s} {n}' for s, n in result['failure_statuses'].items())})"
             if result["missing"]:
                 failed += f" +{result['missing']} missing"
             mean = result["mean_reward"]
@@ -151,6 +152,9 @@ def _rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+VERDICTS = {True: "beyond noise", False: "within noise", None: "too few tasks to tell"}
+
+
 def _comparison_lines(report: dict[str, Any]) -> list[list[str]]:
     lines = []
     for pair in report["comparisons"]:
@@ -158,7 +162,7 @@ def _comparison_lines(report: dict[str, Any]) -> list[list[str]]:
             if row is None:
                 verdict, numbers = "no task finished by both", ["-", "-", "-"]
             else:
-                verdict = {True: "beyond noise", False: "within noise", None: "too few tasks to tell"}[row["beyond_noise"]]
+                verdict = VERDICTS[row["beyond_noise"]]
                 numbers = [f"{row['difference']:+.3f}",
                            "-" if row["low"] is None else f"[{row['low']:+.3f}, {row['high']:+.3f}]",
                            "-" if row["p_value"] is None else f"{row['p_value']:.3g}"]
