@@ -11,7 +11,7 @@ from .common import STARTED, UsageError  # first: STARTED times the start-up hon
 import argparse  # noqa: E402
 import sys  # noqa: E402
 
-from . import adapters, collect, data, envkit, orchestrate, stack, train, view  # noqa: E402
+from . import adapters, collect, data, envkit, eval, orchestrate, stack, train, view  # noqa: E402
 
 __all__ = ["STARTED", "UsageError", "build_parser", "main"]
 
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     view.register(commands)  # view
     train.register(commands)  # train
     orchestrate.register(commands)  # orchestrate
+    eval.register(commands)  # eval
     return parser
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs
 
+import orjson
 from fastapi import FastAPI, Query
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
@@ -112,6 +113,7 @@ class ViewServer(BaseServer):
                 "runs": [summarize_run(run, self.config.pass_threshold) for run in catalog.runs.values()],
                 "trainings": [{"id": t.id, "label": t.label, "plot": t.plot is not None}
                               for t in catalog.trainings.values()],
+                "evaluations": [{"id": e.id, "label": e.label} for e in catalog.evaluations.values()],
                 "tokenizer": self.vocabulary.model_name if self.vocabulary else None,
             }
 
@@ -181,6 +183,19 @@ class ViewServer(BaseServer):
             runs = [{"id": run_id, "label": catalog.runs[run_id].label} for run_id in found.runs]
             return {"id": found.id, "label": found.label, "runs": runs, "plot": found.plot is not None,
                     "history": read_history(found.history) if found.history.is_file() else None}
+
+        @app.get("/api/evaluations/{evaluation_id}")
+        def evaluation(evaluation_id: str) -> dict[str, Any]:
+            found = catalog.evaluation(evaluation_id)
+            try:
+                report = orjson.loads(found.report.read_bytes())
+            except (OSError, orjson.JSONDecodeError) as exc:
+                raise ViewError(f"{found.report}: cannot read the report: {exc}") from None
+            runs = {catalog.runs[run_id].rollouts.path.resolve(): run_id for run_id in found.runs}
+            folder = found.report.parent
+            links = {f"{env['name']}/{label}": runs.get((folder / env["name"] / f"{label}.jsonl").resolve())
+                     for env in report.get("environments", []) for label in env.get("results", {})}
+            return {"id": found.id, "label": found.label, "report": report, "runs": links}
 
         @app.get("/api/trainings/{training_id}/plot")
         def plot(training_id: str) -> FileResponse:

@@ -22,6 +22,7 @@ from ..rollouts.sink import companion_paths
 from .index import Filters, RolloutIndex
 
 HISTORY_FILE = "history.jsonl"
+EVAL_MANIFEST, EVAL_REPORT = "eval.json", "report.json"  # rollgym.eval.report writes both
 PLOT_FILE = "reward.png"
 MAX_FILES = 500  # rollouts files taken from one folder
 # history.jsonl: `rollgym train` writes each phase's seconds under `phases_s`; other names are accepted.
@@ -48,6 +49,16 @@ class Run:
     rollouts: RolloutIndex
     failures: RolloutIndex
     metrics_path: Path
+
+
+@dataclass
+class Evaluation:
+    """A `rollgym eval` output folder: its report.json (the report page), its rollouts files as runs."""
+
+    id: str
+    label: str
+    report: Path
+    runs: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -98,16 +109,19 @@ class Catalog:
     def __init__(self, paths: list[Path]) -> None:
         self.runs: dict[str, Run] = {}
         self.trainings: dict[str, Training] = {}
+        self.evaluations: dict[str, Evaluation] = {}
         for path in paths:
             self._add(Path(path))
-        if not self.runs and not self.trainings:
+        if not self.runs and not self.trainings and not self.evaluations:
             raise ViewError("no rollouts files or training history found in " + ", ".join(map(str, paths)))
 
     def _add(self, path: Path) -> None:
         if not path.exists():
             raise ViewError(f"{path}: no such file or folder")
         if path.is_file():
-            if path.name == HISTORY_FILE:
+            if path.name == EVAL_REPORT and (path.parent / EVAL_MANIFEST).is_file():
+                self._add(path.parent)
+            elif path.name == HISTORY_FILE:
                 self._add_training(path.parent, [])
             elif not path.name.endswith(".jsonl"):
                 raise ViewError(f"{path}: not a rollouts .jsonl file, a collection folder or a training folder")
@@ -116,6 +130,9 @@ class Catalog:
             return
         files = sorted(p for p in path.rglob("*.jsonl") if is_rollouts_file(p))[:MAX_FILES]
         ids = [self._add_run(p) for p in files]
+        for report in sorted(path.rglob(EVAL_REPORT)):
+            if (report.parent / EVAL_MANIFEST).is_file():
+                self._add_evaluation(report, [run_id for run_id, p in zip(ids, files) if report.parent in p.parents])
         if (path / HISTORY_FILE).is_file():
             self._add_training(path, ids)
         elif not files:
@@ -129,6 +146,18 @@ class Catalog:
         run_id = f"r{len(self.runs)}"
         self.runs[run_id] = Run(run_id, _label(path), RolloutIndex(path), RolloutIndex(failures), metrics)
         return run_id
+
+    def _add_evaluation(self, report: Path, run_ids: list[str]) -> None:
+        if any(found.report.resolve() == report.resolve() for found in self.evaluations.values()):
+            return
+        evaluation_id = f"e{len(self.evaluations)}"
+        self.evaluations[evaluation_id] = Evaluation(evaluation_id, _label(report.parent), report, run_ids)
+
+    def evaluation(self, evaluation_id: str) -> Evaluation:
+        try:
+            return self.evaluations[evaluation_id]
+        except KeyError:
+            raise ViewError(f"no evaluation '{evaluation_id}'") from None
 
     def _add_training(self, folder: Path, run_ids: list[str]) -> None:
         plot = folder / PLOT_FILE

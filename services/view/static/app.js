@@ -122,8 +122,10 @@ async function pageRuns(refreshing) {
   }
   const trainingCards = data.trainings.map((t) => el("div", { class: "card training", "data-training": t.id },
     el("h2", {}, el("a", { href: `#/training/${t.id}`, text: `training: ${t.label}` }))));
+  const evalCards = (data.evaluations || []).map((e) => el("div", { class: "card evaluation", "data-evaluation": e.id },
+    el("h2", {}, el("a", { href: `#/eval/${e.id}`, text: `evaluation: ${e.label}` }))));
   destroyCharts();
-  main.replaceChildren(...trainingCards, ...parts.map(([card]) => card));
+  main.replaceChildren(...evalCards, ...trainingCards, ...parts.map(([card]) => card));
   if (!data.runs.length && !data.trainings.length) main.append(el("p", { class: "muted", text: "nothing to show" }));
   for (const [, run, chartRow] of parts) {
     const c = await api(`api/runs/${run.id}/charts`);
@@ -182,6 +184,51 @@ async function pageTraining(id, refreshing) {
   destroyCharts();
   main.replaceChildren(card);
   await renderTraining(card, id, false, t);
+}
+
+// --- an evaluation's report (rollgym eval): environments × models side by side, and the comparisons
+const ci = (e) => !e ? "–" : (e.low === null ? "(1 task)" : `[${fmt(e.low)}, ${fmt(e.high)}]`);
+
+async function pageEvaluation(id, refreshing) {
+  crumbs(["runs", "#/"], [`evaluation ${id}`, null]);
+  const data = await api(`api/evaluations/${id}`);
+  if (unchanged(refreshing, data)) return;
+  const report = data.report;
+  const ks = [...new Set(report.environments.flatMap((e) => Object.values(e.results).flatMap((r) => Object.keys(r.pass_at_k))))]
+    .sort((a, b) => Number(a.slice(5)) - Number(b.slice(5)));
+  const table = el("table", { class: "evaluation" }, el("tr", {},
+    ["environment", "model", "tasks", "rollouts", "failed", "mean reward", "95% CI", ...ks].map((h) => el("th", { text: h }))));
+  for (const env of report.environments) {
+    Object.entries(env.results).forEach(([label, r], i) => {
+      const run = data.runs[`${env.name}/${label}`];
+      const failed = Object.entries(r.failure_statuses).map(([s, n]) => el("span", {}, statusBadge(s), ` ${n} `));
+      table.append(el("tr", {}, el("td", { text: i ? "" : env.name }),
+        el("td", {}, run ? el("a", { href: `#/run/${run}`, text: label }) : label),
+        el("td", { class: "num", text: fmt(r.tasks_scored) }), el("td", { class: "num", text: fmt(r.rollouts) }),
+        el("td", {}, String(r.failed), " ", failed, r.missing ? ` +${r.missing} missing` : ""),
+        el("td", { class: "num", text: fmt(r.mean_reward && r.mean_reward.value) }), el("td", { text: ci(r.mean_reward) }),
+        ks.map((k) => el("td", { class: "num", text: fmt(r.pass_at_k[k] && r.pass_at_k[k].value) }))));
+    });
+  }
+  const card = el("div", { class: "card evaluation", "data-evaluation": id },
+    el("h2", { text: `evaluation${report.suite ? " " + report.suite : ""}: ${data.label}` }),
+    el("ul", {}, report.models.map((m) => el("li", {}, el("b", { text: m.label }), `: ${m.adapter || m.request_model} `,
+      el("span", { class: "muted", text: `(${m.model_version || "version not reported"})` })))),
+    el("div", { class: "scroll" }, table));
+  for (const pair of report.comparisons) {
+    const rows = Object.entries(pair.environments).map(([env, c]) => el("tr", {}, el("td", { text: env }),
+      el("td", { class: "num", text: c ? (c.difference >= 0 ? "+" : "") + fmt(c.difference) : "–" }),
+      el("td", { text: c && c.low !== null ? `[${fmt(c.low)}, ${fmt(c.high)}]` : "–" }),
+      el("td", { class: "num", text: c ? fmt(c.p_value) : "–" }),
+      el("td", { class: c && c.beyond_noise ? "beyond" : "muted",
+        text: !c ? "no shared task" : c.beyond_noise === null ? "too few tasks" : c.beyond_noise ? "beyond noise" : "within noise" })));
+    card.append(el("h3", { text: `${pair.b} − ${pair.a}, paired over tasks` }), el("table", { class: "comparison" },
+      el("tr", {}, ["environment", "difference", "95% CI", "p", ""].map((h) => el("th", { text: h }))), rows));
+  }
+  card.append(el("p", { class: "muted", text: `mean reward: ${report.method.mean_reward}; differences: ${report.method.comparison}; ${report.method.failures}` }));
+  destroyCharts();
+  main.replaceChildren(card);
+  live("");
 }
 
 const COLUMNS = [
@@ -429,6 +476,7 @@ async function route(refreshing) {
   try {
     if (!parts.length) await pageRuns(refreshing);
     else if (parts[0] === "training") await pageTraining(parts[1], refreshing);
+    else if (parts[0] === "eval") await pageEvaluation(parts[1], refreshing);
     else if (parts[0] === "run" && parts[2] === "rollout") await pageRollout(parts[1], parts[3]);
     else if (parts[0] === "run" && parts[2] === "group") await pageGroup(parts[1], parts[3]);
     else if (parts[0] === "run") await pageRollouts(parts[1], queryString || "", refreshing);

@@ -1,0 +1,232 @@
+"""An evaluation's report: read back from its output folder, as JSON, a terminal table and markdown.
+
+The figures come from the files, not from memory, so a resumed or interrupted run reports what is on
+disk, and `rollgym eval --report OUT` re-renders a finished run without a stack. Only the rollouts the
+run asks for count: the first `limit` tasks of the task file, `repeats` each (a rollouts file from an
+earlier, larger run contributes only those). A rollout whose last attempt failed counts under
+`failed` with its status, never as a reward; one neither finished nor failed (a run cut short) under
+`missing`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..rollouts.collector import read_tasks
+from ..rollouts.metrics import k_values
+from ..rollouts.sink import companion_paths
+from . import stats
+from .suite import Environment
+
+MANIFEST = "eval.json"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+
+
+def rollouts_path(output: Path, environment: str, label: str) -> Path:
+    return output / environment / f"{label}.jsonl"
+
+
+def cell(env: Environment, rollouts: Path) -> tuple[dict[str, Any], dict[str, float]]:
+    """One environment × model: its figures, and each task's mean reward (for paired comparisons)."""
+    tasks, _ = read_tasks(env.tasks, env.limit)
+    wanted = {task.rollout_id(k): task.group_id for task in tasks for k in range(env.repeats)}
+    rewards: dict[str, list[float]] = defaultdict(list)
+    statuses: Counter = Counter()
+    versions: Counter = Counter()
+    finished: set[str] = set()
+    if rollouts.is_file():
+        for raw in rollouts.read_bytes().splitlines():
+            try:
+                row = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue  # a torn last line: the collector repairs it on its next run
+            rollout_id = str(row.get("rollout_id"))
+            if rollout_id not in wanted or rollout_id in finished or row.get("reward") is None:
+                continue
+            finished.add(rollout_id)
+            rewards[wanted[rollout_id]].append(float(row["reward"]))
+            statuses[str(row.get("status", "ok"))] += 1
+            versions.update(_versions(row))
+    failed: dict[str, str] = {}
+    failures_file, _ = companion_paths(rollouts)
+    if failures_file.is_file():
+        for raw in failures_file.read_bytes().splitlines():
+            try:
+                row = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                continue
+            rollout_id = str(row.get("rollout_id"))
+            if row.get("final") and rollout_id in wanted and rollout_id not in finished:
+                failed[rollout_id] = str(row.get("status"))
+    failed_by_task = Counter(wanted[rollout_id] for rollout_id in failed)
+    results = [stats.TaskResult(task.group_id, tuple(rewards.get(task.group_id, ())), failed_by_task[task.group_id])
+               for task in tasks]
+    mean = stats.mean_reward(results)
+    figures: dict[str, Any] = {
+        "tasks": len(tasks),
+        "tasks_scored": sum(1 for result in results if result.n),
+        "rollouts": len(finished),
+        "failed": len(failed),
+        "failure_statuses": dict(sorted(Counter(failed.values()).items())),
+        "missing": len(wanted) - len(finished) - len(failed),
+        "status_counts": dict(sorted(statuses.items())),
+        "model_versions": sorted(versions),
+        "mean_reward": mean.to_json() if mean else None,
+        "pass_at_k": {},
+    }
+    for k in k_values(env.repeats):
+        estimate = stats.pass_at_k_estimate(results, k, env.pass_threshold)
+        if estimate is not None:
+            figures["pass_at_k"][f"pass@{k}"] = estimate.to_json()
+    return figures, {result.task: result.mean for result in results if result.n}
+
+
+def build_report(output: Path, compare: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The report of the run recorded in OUTPUT/eval.json. `compare`: (A, B) label pairs (B - A); by
+    default every model against the first one."""
+    manifest = orjson.loads((output / MANIFEST).read_bytes())
+    environments = [Environment.from_json(env) for env in manifest["environments"]]
+    labels = [model["label"] for model in manifest["models"]]
+    pairs = compare if compare else [(labels[0], label) for label in labels[1:]]
+    report: dict[str, Any] = {
+        "suite": manifest.get("suite"), "output": str(output), "models": manifest["models"],
+        "method": {"mean_reward": stats.METHOD, "comparison": stats.PAIRED_METHOD,
+                   "pass_at_k": "unbiased estimator 1 - C(n-c,k)/C(n,k) per task (Chen et al. 2021), averaged "
+                                "over the tasks with at least k finished rollouts",
+                   "failures": "rollouts whose last attempt failed are counted, never scored"},
+        "environments": [], "comparisons": [], "wall_s": manifest.get("wall_s"),
+    }
+    per_task: dict[tuple[str, str], dict[str, float]] = {}
+    for env in environments:
+        results = {}
+        for label in labels:
+            results[label], per_task[env.name, label] = cell(env, rollouts_path(output, env.name, label))
+        report["environments"].append({"name": env.name, "tasks_file": str(env.tasks), "repeats": env.repeats,
+                                       "limit": env.limit, "pass_threshold": env.pass_threshold,
+                                       "results": results})
+    for a, b in pairs:
+        rows = {}
+        for env in environments:
+            comparison = stats.paired_comparison(per_task[env.name, a], per_task[env.name, b])
+            rows[env.name] = comparison.to_json() if comparison else None
+        report["comparisons"].append({"a": a, "b": b, "environments": rows})
+    return report
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _interval(estimate: dict[str, Any] | None) -> str:
+    if not estimate:
+        return "-"
+    if estimate["low"] is None:
+        return "(1 task)"
+    return f"[{estimate['low']:.3f}, {estimate['high']:.3f}]"
+
+
+def _rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    ks = sorted({k for env in report["environments"] for result in env["results"].values()
+                 for k in result["pass_at_k"]}, key=lambda name: int(name.split("@")[1]))
+    header = ["environment", "model", "tasks", "rollouts", "failed", "mean reward", "95% CI", *ks]
+    rows = []
+    for env in report["environments"]:
+        for index, (label, result) in enumerate(env["results"].items()):
+            failed = str(result["failed"])
+            if result["failed"]:
+                failed += f" ({', '.join(f'{s} {n}' for s, n in result['failure_statuses'].items())})"
+            if result["missing"]:
+                failed += f" +{result['missing']} missing"
+            mean = result["mean_reward"]
+            rows.append([env["name"] if index == 0 else "", label, str(result["tasks_scored"]),
+                         str(result["rollouts"]), failed, _num(mean["value"] if mean else None), _interval(mean),
+                         *(_num(result["pass_at_k"][k]["value"]) if k in result["pass_at_k"] else "-" for k in ks)])
+    return header, rows
+
+
+VERDICTS = {True: "beyond noise", False: "within noise", None: "too few tasks to tell"}
+
+
+def _comparison_lines(report: dict[str, Any]) -> list[list[str]]:
+    lines = []
+    for pair in report["comparisons"]:
+        for env, row in pair["environments"].items():
+            if row is None:
+                verdict, numbers = "no task finished by both", ["-", "-", "-"]
+            else:
+                verdict = VERDICTS[row["beyond_noise"]]
+                numbers = [f"{row['difference']:+.3f}",
+                           "-" if row["low"] is None else f"[{row['low']:+.3f}, {row['high']:+.3f}]",
+                           "-" if row["p_value"] is None else f"{row['p_value']:.3g}"]
+            lines.append([env, f"{pair['b']} - {pair['a']}", str(row["tasks"] if row else 0), *numbers, verdict])
+    return lines
+
+
+COMPARISON_HEADER = ["environment", "models", "tasks", "difference", "95% CI", "p", "verdict"]
+
+
+def render_table(report: dict[str, Any]) -> str:
+    """Aligned plain-text tables for a terminal."""
+    header, rows = _rows(report)
+    parts = [f"rollgym eval{' ' + report['suite'] if report.get('suite') else ''}: {report['output']}",
+             _aligned(header, rows)]
+    comparisons = _comparison_lines(report)
+    if comparisons:
+        parts += ["", "B - A, paired over tasks:", _aligned(COMPARISON_HEADER, comparisons)]
+    parts += ["", f"mean reward: {report['method']['mean_reward']}; failed rollouts are counted, not scored"]
+    return "\n".join(parts)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    header, rows = _rows(report)
+    parts = [f"# Evaluation{': ' + report['suite'] if report.get('suite') else ''}", ""]
+    parts += [f"- **{m['label']}**: `{m['adapter'] or m['request_model']}` (model_version `{m['model_version']}`)"
+              for m in report["models"]]
+    parts += ["", _markdown(header, rows), ""]
+    comparisons = _comparison_lines(report)
+    if comparisons:
+        parts += ["## Differences (B - A, paired over tasks)", "", _markdown(COMPARISON_HEADER, comparisons), ""]
+    method = report["method"]
+    parts += [f"- mean reward and its 95 % CI: {method['mean_reward']}",
+              f"- differences: {method['comparison']}; beyond noise when the CI leaves out 0",
+              f"- pass@k: {method['pass_at_k']}", f"- {method['failures']}", ""]
+    return "\n".join(parts)
+
+
+def _aligned(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip()
+                     for row in [header, *rows])
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(value or " " for value in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _versions(row: dict[str, Any]) -> set[str]:
+    versions = set()
+    response = row.get("response")
+    if isinstance(response, dict):
+        for item in [response, *(response.get("output") or [])]:
+            if isinstance(item, dict) and item.get("model_version"):
+                versions.add(str(item["model_version"]))
+    return versions
+
+
+def write_report(output: Path, report: dict[str, Any]) -> None:
+    (output / REPORT_JSON).write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    (output / REPORT_MD).write_text(render_markdown(report))
+
+
+__all__ = ["MANIFEST", "REPORT_JSON", "REPORT_MD", "build_report", "cell", "render_markdown", "render_table",
+           "rollouts_path", "write_report"]
