@@ -95,7 +95,8 @@ class AsyncTrainLoop(TrainLoop):
         folder = self._unit_dir(step)
         folder.mkdir(exist_ok=True)
         # Validation rollouts of a killed run came from a model version this run does not serve.
-        (folder / "validation.jsonl").unlink(missing_ok=True)
+        for stale in folder.glob("validation*.jsonl"):
+            stale.unlink()
         return folder
 
     def _trained_before(self, finished: int) -> Artefact | None:

@@ -34,7 +34,7 @@ from ..client import ServerClient
 from ..rollouts.collector import CollectOptions, Collector
 from .curation import Curated, CurationError, curate, on_policy
 from .jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
-from .plan import RL_ADAPTERS, Plan, StageSection, trainer_args
+from .plan import RL_ADAPTERS, Plan, StageSection, trainer_args, validation_environments
 from .rewind import STATE_FILE, RewindError, rewind
 from .serving import Serving
 from .tracking import Tracker
@@ -469,11 +469,35 @@ class TrainLoop:
     def _validate(self, epoch: int, folder: Path) -> dict[str, Any]:
         section = self.plan.validation
         assert section is not None
-        params = {**section.params, **self.serving.request_params()}
-        options = CollectOptions(input=Path(section.input), output=folder / "validation.jsonl",
-                                 repeats=section.repeats, limit=section.limit, params=params,
+        if section.suite is not None:
+            return self._validate_suite(epoch, folder)
+        options = CollectOptions(input=Path(section.input or ""), output=folder / "validation.jsonl",
+                                 repeats=section.repeats, limit=section.limit,
+                                 params={**section.params, **self.serving.request_params()},
                                  pass_threshold=section.pass_threshold, progress=self.progress, **self._retries())
-        summary = self._run_collection(options, f"epoch {epoch} validate")
+        return self._validation_collection(epoch, options)
+
+    def _validate_suite(self, epoch: int, folder: Path) -> dict[str, Any]:
+        """Each environment of the validation suite into validation-ENV.jsonl; the summary is the mean over
+        environments (mean_reward, and each pass@k they all have) beside every environment's own."""
+        each = {}
+        for env in validation_environments(self.plan):
+            options = CollectOptions(input=env.tasks, output=folder / f"validation-{env.name}.jsonl",
+                                     repeats=env.repeats, limit=env.limit,
+                                     params={**env.params, **self.serving.request_params()},
+                                     pass_threshold=env.pass_threshold, progress=self.progress, **self._retries())
+            each[env.name] = self._validation_collection(epoch, options, env.agent)
+        summary: dict[str, Any] = {"suite": self.plan.validation.suite if self.plan.validation else None}
+        shared = set.intersection(*(set(k for k, v in s.items() if isinstance(v, (int, float))) for s in each.values()))
+        for key in sorted(k for k in shared if k == "mean_reward" or k.startswith("pass@")):
+            values = [s[key] for s in each.values() if s.get(key) is not None]
+            summary[key] = sum(values) / len(values) if values else None
+        summary["environments"] = each
+        return summary
+
+    def _validation_collection(self, epoch: int, options: CollectOptions, agent: str | None = None) -> dict[str, Any]:
+        """One validation collection; every rollout must come from the model being validated."""
+        summary = self._run_collection(options, f"epoch {epoch} validate", agent)
         version = self.serving.version
         stale = sum(1 for r in read_rollouts(options.output) if version is not None and not on_policy(r, version))
         if stale:
@@ -487,10 +511,10 @@ class TrainLoop:
         return {"concurrency": stack.concurrency, "timeout_s": stack.timeout_s, "max_attempts": stack.max_attempts,
                 "budget_s": stack.budget_s}
 
-    def _run_collection(self, options: CollectOptions, label: str) -> dict[str, Any]:
+    def _run_collection(self, options: CollectOptions, label: str, agent: str | None = None) -> dict[str, Any]:
         if not options.input.is_file():
             raise TrainError(f"{label}: no such task file: {options.input}")
-        agent = self._agent()
+        agent = agent or self._agent()
 
         async def collect() -> dict[str, Any]:
             client = ServerClient(self.serving.registry, timeout_s=options.timeout_s, max_retries=2)

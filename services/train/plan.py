@@ -154,12 +154,21 @@ class StageSection(_Strict):
 
 
 class ValidationSection(_Strict):
-    input: str
+    input: str | None = Field(default=None, description="held-out task rows JSONL")
+    suite: str | None = Field(default=None, description="instead of input: an eval suite (`rollgym eval`, a file or "
+                              "a bundled name); each of its environments validates, with the suite's repeats, "
+                              "limit and params, in this run's stack")
     every: int = Field(default=1, ge=1, description="validate every N epochs (and at epoch 0, the base model)")
     repeats: int = Field(default=4, ge=1)
     limit: int | None = Field(default=None, ge=1)
     params: dict[str, Any] = Field(default_factory=dict)
     pass_threshold: float = 1.0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ValidationSection":
+        if (self.input is None) == (self.suite is None):
+            raise ValueError("validation takes input (one task file) or suite (an eval suite), not both")
+        return self
 
 
 class GuardSection(_Strict):
@@ -311,6 +320,11 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
                          if key == name or key.startswith((f"{name}.", f"{name}[")) or name.startswith(f"{key}.")), "")
 
         raise PlanError(key_problems(path, exc, origin)) from None
+    try:
+        validation_environments(plan)  # the suite read and checked once here, where its errors get a key
+        add_suite_environments(plan)
+    except ValueError as exc:
+        raise PlanError(f"{path}: key 'validation.suite': {exc}") from None
     problems = [f"{path}: key '{key}': {message}" for key, message in file_problems(plan)]
     if problems:
         raise PlanError("\n".join(problems))
@@ -380,7 +394,7 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
               for j, file in enumerate(stage.collect.files)]
     problems += [(f"stages[{i}].replay[{j}]", f"no such rollouts file: {file}") for i, stage in enumerate(plan.stages)
                  for j, file in enumerate(stage.replay) if not Path(file).is_file()]
-    if plan.validation is not None:
+    if plan.validation is not None and plan.validation.input is not None:
         inputs.append(("validation.input", plan.validation.input))
     if plan.orchestrator is not None:
         inputs += [(f"orchestrator.envs[{i}].input", env.input) for i, env in enumerate(plan.orchestrator.envs)]
@@ -396,8 +410,38 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
     else:
         if stack.agent is not None and stack.agent not in servers:
             problems.append(("stack.agent", f"the stack has no server named {stack.agent!r} ({', '.join(servers)})"))
+        problems += [("validation.suite", f"environment {env.name!r}: the stack has no agent {env.agent!r}")
+                     for env in validation_environments(plan) if env.agent not in servers]
     return problems
 
 
+def validation_environments(plan: Plan) -> list[Any]:
+    """The environments of the plan's validation suite (none without one), every path resolved."""
+    if plan.validation is None or plan.validation.suite is None:
+        return []
+    from ..eval.suite import find_suite, load_suite, suite_environments
+
+    source = find_suite(plan.validation.suite)
+    return suite_environments(load_suite(source), source)
+
+
+def add_suite_environments(plan: Plan) -> None:
+    """A stack the loop starts also serves the validation suite's environments (their configs after the
+    plan's; the suite's overrides before the plan's, so the plan's win). SuiteError (a ValueError) names
+    what is wrong with the suite."""
+    if plan.validation is None or plan.validation.suite is None or not plan.stack.configs:
+        return
+    from ..eval.suite import find_suite, load_suite
+
+    suite = load_suite(find_suite(plan.validation.suite))
+    have = {str(Path(item).resolve()) for item in plan.stack.configs}
+    for env in validation_environments(plan):
+        for config in env.configs:
+            if str(config.resolve()) not in have:
+                plan.stack.configs.append(str(config))
+                have.add(str(config.resolve()))
+    plan.stack.overrides[:0] = [item for item in suite.stack.overrides if item not in plan.stack.overrides]
+
+
 __all__ = ["CollectSection", "GuardSection", "OptimizeSection", "Plan", "PlanError", "RL_ADAPTERS", "StackSection",
-           "StageSection", "ValidationSection", "file_problems", "load_plan", "trainer_args"]
+           "StageSection", "ValidationSection", "file_problems", "load_plan", "trainer_args", "validation_environments"]

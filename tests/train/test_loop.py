@@ -319,3 +319,29 @@ def test_a_stage_with_levels_moves_to_harder_tasks_once_an_epoch_reaches_advance
     plan.write_text(yaml.safe_dump(data))
     with pytest.raises(Exception, match="collect takes input .* or levels .*, not both"):
         load_plan(plan)
+
+
+def test_validation_can_name_an_eval_suite(tmp_path: Path, registry_file: Path) -> None:
+    """Each environment of the suite validates into its own file; the epoch's figure is their mean."""
+    rows = read_rollouts(TASKS)
+    for name, part in (("paris", rows[:1]), ("others", rows[1:3])):
+        (tmp_path / f"{name}.jsonl").write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in part))
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(yaml.safe_dump({"repeats": 2, "environments": {
+        name: {"config": str(REPO_ROOT / "resources_servers/weather/configs/weather.yaml"),
+               "tasks": str(tmp_path / f"{name}.jsonl"), "agent": "weather_agent"} for name in ("paris", "others")}}))
+    plan = make_plan(tmp_path, registry_file, validation={"suite": str(suite)})
+    data = yaml.safe_load(plan.read_text())
+    data["stages"][0]["epochs"] = 1
+    plan.write_text(yaml.safe_dump(data))
+    loop = TrainLoop(load_plan(plan), progress=False)
+    loop.run()
+    validation = loop.history()[1]["validation"]
+    assert set(validation["environments"]) == {"paris", "others"} and validation["suite"] == str(suite)
+    assert validation["environments"]["others"]["rollouts"] == 4 and validation["mean_reward"] == 1.0
+    assert len(read_rollouts(tmp_path / "run" / "epoch-001" / "validation-paris.jsonl")) == 2
+    data["validation"] = {"suite": "no-such-suite"}
+    plan.write_text(yaml.safe_dump(data))
+    with pytest.raises(Exception, match=r"key 'validation.suite': suite 'no-such-suite': no such file, nor a "
+                                        r"bundled suite \(bundled: reasoning-gym, smoke\)"):
+        load_plan(plan)

@@ -195,3 +195,16 @@ def test_commands_report_bad_input_in_one_line_with_exit_2(tmp_path: Path) -> No
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_validation_suite_adds_its_environments_to_the_stack_the_loop_starts(tmp_path: Path) -> None:
+    data = demo()
+    data["validation"] = {"suite": "smoke"}
+    data["stack"]["agent"] = "weather_agent"  # the suite's environments bring their own agents
+    plan = load_plan(write(tmp_path, data))
+    configs = [Path(item).name for item in plan.stack.configs]
+    assert configs == ["weather.yaml", "reverse_text.yaml", "mcq.yaml"]  # weather's config is there once
+    assert plan.stack.overrides[0] == "policy_model.n_ctx=2048"  # the suite's overrides first: the plan's win
+    data["validation"] = {"suite": "smoke", "input": "x.jsonl"}
+    with pytest.raises(PlanError, match="validation takes input .* or suite .*, not both"):
+        load_plan(write(tmp_path, data))
