@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import STARTED, UsageError, env_registry, stack_for
+from .common import STARTED, UsageError, env_registry, parse_params, stack_for
 
 if TYPE_CHECKING:
     from ..client import ServerAddress
@@ -55,8 +55,6 @@ def register(commands: Any) -> None:
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    import orjson
-
     from ..client import ServerAddress, load_registry_file
     from ..config import load_stack, split_configs
     from ..rollouts.attempts import UnknownAgent
@@ -72,15 +70,7 @@ def run_collect(args: argparse.Namespace) -> int:
         if value is not None and not value > 0:
             raise UsageError(f"{option} must be a positive number of seconds, got {value}")
     check_output(output, input_path)
-    params: dict[str, Any] = {}
-    for item in args.param or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--param {item!r} must look like KEY=JSON, e.g. tool_choice=\"required\"")
-        try:
-            params[key] = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            params[key] = value  # a bare word such as required or auto
+    params = parse_params(args.param or [])
     for key in ("temperature", "top_p", "max_output_tokens", "model"):
         value = getattr(args, key)
         if value is not None:

@@ -56,3 +56,19 @@ def env_registry() -> dict[str, ServerAddress] | None:
         return registry_from_env(os.environ)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """`--param KEY=JSON` options as responses_create_params keys (a bare word such as auto stays a string)."""
+    import orjson
+
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r} must look like KEY=JSON, e.g. temperature=0")
+        try:
+            params[key] = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            params[key] = value
+    return params

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import STARTED, UsageError
+from .common import STARTED, UsageError, parse_params
 
 
 def register(commands: Any) -> None:
@@ -110,7 +110,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {value}")
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    params = _params(args.param or [])
+    params = parse_params(args.param or [])
     suite = None
     if args.suite:
         source = find_suite(args.suite)
@@ -199,21 +199,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         log(f"no rollout finished for {', '.join(empty)} (failures: see OUTPUT/ENV/MODEL.failures.jsonl): exit 1")
         return 1
     return 0
-
-
-def _params(items: list[str]) -> dict[str, Any]:
-    import orjson
-
-    params: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--param {item!r} must look like KEY=JSON, e.g. temperature=0")
-        try:
-            params[key] = orjson.loads(value)
-        except orjson.JSONDecodeError:
-            params[key] = value  # a bare word such as required or auto
-    return params
 
 
 def _print(report: dict[str, Any], form: str) -> None:
