@@ -21,7 +21,7 @@ install: $(VENV)/.installed
 # The tests also run real TRL steps on CPU (torch, transformers, trl, peft): the GRPO integration and
 # the trainer adapters of `rollgym train`; and the proxy agent's example agents and the MCP environment (agents).
 $(VENV)/.installed-trl: $(VENV)/.installed pyproject.toml
-	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train]"
+	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train,envs]"
 	touch $@
 
 # Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.
