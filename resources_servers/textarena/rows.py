@@ -36,10 +36,11 @@ def system_prompt(env_id: str, opponent: str | None, max_turns: int | None) -> s
     scoring = ("Winning gives reward 1, a draw 0.5, a loss 0." if opponent else
                "Solving the game gives reward 1; some games give partial credit for progress.")
     limit = f" You have at most {max_turns} moves." if max_turns else ""
+    reply = ", including your opponent's reply" if opponent else ""
     return (
         f"You are playing {game} (TextArena {env_id}) as Player 0{against}. Make each move with the move tool, "
         "passing your action exactly as the game asks for it (usually in square brackets, e.g. [4]). The tool "
-        f"answers with what happened since your last move{', including your opponent’s reply' if opponent else ''}. "
+        f"answers with what happened since your last move{reply}. "
         "Keep moving until the tool says the game is over, then answer with one short sentence. After an "
         f"invalid move the game warns you once; a second invalid move in a row loses the game. {scoring}{limit}"
     )
