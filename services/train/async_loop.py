@@ -44,6 +44,8 @@ from .trainers import Artefact, TrainConfig, TrainingFailed
 class AsyncTrainLoop(TrainLoop):
     """The plan's `orchestrator` and `optimize` sections, run as one asynchronous RL loop."""
 
+    unit = "step"
+
     def run(self) -> dict[str, Any]:
         plan = self.plan
         assert plan.orchestrator is not None and plan.optimize is not None
@@ -87,9 +89,6 @@ class AsyncTrainLoop(TrainLoop):
         if steps != list(range(1, len(steps) + 1)):
             raise TrainError(f"{self.history_path}: finished steps {steps} are not 1..N; cannot resume")
         return len(steps)
-
-    def _unit_dir(self, number: int) -> Path:
-        return self.output / f"step-{number:03d}"
 
     def _step_dir(self, step: int) -> Path:
         folder = self._unit_dir(step)

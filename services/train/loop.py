@@ -130,6 +130,8 @@ class PhaseBar:
 
 
 class TrainLoop:
+    unit = "epoch"  # what history.jsonl counts, and the prefix of its folders
+
     def __init__(self, plan: Plan, *, progress: bool = True, log: Callable[[str], None] | None = None,
                  rewind_to: int | None = None) -> None:
         self.plan = plan
@@ -158,9 +160,6 @@ class TrainLoop:
         modes = {stage.apply for stage in self.plan.stages} - {"none"}
         return modes.pop() if modes else "none"
 
-    def _epoch_dir(self, epoch: int) -> Path:
-        return self.output / f"epoch-{epoch:03d}"
-
     def _claim_output(self) -> None:
         """Make the output folder this plan's: new, or a run of the same plan to continue."""
         if self.output.exists() and not self.output.is_dir():
@@ -179,7 +178,7 @@ class TrainLoop:
         self._drop_torn_history()
         if self.rewind_to is not None:
             try:
-                rewind(self.output, self.rewind_to, self._unit_dir(0).name.partition("-")[0], self.log)
+                rewind(self.output, self.rewind_to, self.unit, self.log)
             except RewindError as exc:
                 raise TrainError(str(exc)) from None
 
@@ -269,7 +268,7 @@ class TrainLoop:
 
     def _unit_dir(self, number: int) -> Path:
         """The folder of an epoch (of a step, in async mode)."""
-        return self._epoch_dir(number)
+        return self.output / f"{self.unit}-{number:03d}"
 
     def _append_history(self, line: dict[str, Any]) -> None:
         """Finish an epoch: its state saved in its folder (what `--rewind` restores), its line appended."""
@@ -291,7 +290,7 @@ class TrainLoop:
             self.log(f"reward.png not drawn: {type(exc).__name__}: {exc}")
 
     def _epoch_zero(self) -> None:
-        folder = self._epoch_dir(0)
+        folder = self._unit_dir(0)
         folder.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
         summary = self._validate(0, folder)
@@ -304,7 +303,7 @@ class TrainLoop:
     # ------------------------------------------------------------------ one epoch
 
     def _epoch(self, epoch: int, stage: StageSection, mode: str) -> None:
-        folder = self._epoch_dir(epoch)
+        folder = self._unit_dir(epoch)
         folder.mkdir(parents=True, exist_ok=True)
         phases_path = folder / "phases.json"
         phases: dict[str, Any] = read_json(phases_path, {})
@@ -319,7 +318,8 @@ class TrainLoop:
             t = time.perf_counter()
             level = self._level(stage)
             summary = self._collect(epoch, stage, folder)
-            finish("collect", {"model_version": version, "summary": summary, "level": level}, time.perf_counter() - t)
+            finish("collect", {"model_version": version, "summary": summary, "level": level},
+                   time.perf_counter() - t)
 
         if "curate" not in phases:
             t = time.perf_counter()
