@@ -94,15 +94,17 @@ class ProxyAgent(AgentServer):
             except ImportError as exc:
                 raise ServerStartError(f"serve_mcp needs the mcp package (pip install 'rollgym[agents]'): {exc}") from None
             self.mcp_gateway = McpGateway(self, self.find_rollout)
+        if isinstance(self.config.agent, VerifiersRunner):
+            try:
+                self.config.agent.load()
+            except ValueError as exc:
+                raise ServerStartError(str(exc)) from None
 
     async def startup(self) -> None:
         if self.mcp_gateway is not None:
             await self.mcp_gateway.start()
         if isinstance(self.config.agent, VerifiersRunner):
-            try:
-                await self.config.agent.start()
-            except ValueError as exc:
-                raise ServerStartError(str(exc)) from None
+            await self.config.agent.start()
 
     async def shutdown(self) -> None:
         if self.mcp_gateway is not None:

@@ -63,10 +63,16 @@ class VerifiersRunner(BaseModel):
             raise AgentFailure("timeout", f"the verifiers episode ran past {timeout_s:g} s") from None
         finally:
             os.environ.pop(key_var, None)
+            await release_client(env, ctx.client)
         return outcome_of(episode)
 
+    def load(self) -> None:
+        """Load the Env (ValueError naming what is wrong); its serving resources start with `start`."""
+        if self._env is None:
+            self._env = load_env(self.env, self.python_path, self.local_program)
+
     async def start(self) -> None:
-        """Load the Env and bring up its serving resources (ValueError naming what is wrong)."""
+        """Bring up the Env's serving resources (interception server, shared tool servers)."""
         await self._loaded()
 
     async def close(self) -> None:
@@ -79,8 +85,8 @@ class VerifiersRunner(BaseModel):
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._env is None:
-                self._env = load_env(self.env, self.python_path, self.local_program)
+            if self._serving is None:
+                self.load()
                 serving = self._env.serving()
                 await serving.__aenter__()
                 self._serving = serving
@@ -168,6 +174,19 @@ def provision_chat_program() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     SubprocessRuntime._interpreters[str(path)] = sys.executable
+
+
+async def release_client(env: Any, client_config: Any) -> None:
+    """Close the rollout's model client in verifiers' interception server(s). They keep one client
+    per distinct endpoint for their lifetime, and each rollout's endpoint is its own URL: without
+    this, one HTTP client per rollout would pile up over a long run."""
+    interception = getattr(env, "_interception", None)
+    servers = getattr(interception, "servers", None) or ([interception] if interception is not None else [])
+    key = client_config.model_dump_json()
+    for server in servers:
+        client = getattr(server, "clients", {}).pop(key, None)
+        if client is not None:
+            await client.close()
 
 
 def outcome_of(episode: Any) -> Outcome:

@@ -41,10 +41,13 @@ def registry() -> Iterator[dict[str, ServerAddress]]:
 
 
 @contextmanager
-def proxy(registry: dict[str, ServerAddress], env: dict[str, Any]) -> Iterator[str]:
+def proxy(registry: dict[str, ServerAddress], env: dict[str, Any], seen: list[ProxyAgent] | None = None) -> Iterator[str]:
     config = ProxyAgentConfig(model_server={"name": "policy_model"}, reward="agent", timeout_s=60,
                               agent={"kind": "verifiers", "env": env, "python_path": [ENVS]})
-    with serve_in_thread(ProxyAgent(config, name="proxy_agent", registry=registry), timeout_s=120) as url:
+    server = ProxyAgent(config, name="proxy_agent", registry=registry)
+    if seen is not None:
+        seen.append(server)
+    with serve_in_thread(server, timeout_s=120) as url:
         yield url
 
 
@@ -78,7 +81,8 @@ def check_token_exact(result: dict[str, Any], turns: list[str]) -> None:
 
 def test_a_single_turn_env_gives_its_weighted_reward_and_components(registry: dict[str, ServerAddress]) -> None:
     env = {"taskset": {"id": "rollgym_vf_reverse"}, "agent": {"harness": {"id": "null"}, **LOCAL}}
-    with proxy(registry, env) as url:
+    seen: list[ProxyAgent] = []
+    with proxy(registry, env, seen) as url:
         row = rows("rollgym_vf_reverse", 1)[0]
         result = run(url, row)
         assert result["status"] == "ok", result.get("error")
@@ -89,6 +93,9 @@ def test_a_single_turn_env_gives_its_weighted_reward_and_components(registry: di
         wrong = json.loads(json.dumps(row))
         wrong["verifiers"]["data"]["answer"] = "xxxxxxx"
         result = run(url, wrong)
+        # Each rollout's model client (its own URL) is closed when its episode ends, not kept by verifiers.
+        interception = seen[0].config.agent._env._interception
+        assert all(not server.clients for server in interception.servers)
     assert result["reward"] == 0.25 and result["reward_components"] == {"exact": 0.0, "same_length": 1.0}
 
 
