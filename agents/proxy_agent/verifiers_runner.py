@@ -70,6 +70,12 @@ class VerifiersRunner(BaseModel):
         """Load the Env (ValueError naming what is wrong); its serving resources start with `start`."""
         if self._env is None:
             self._env = load_env(self.env, self.python_path, self.local_program)
+            from verifiers.v1 import Sampling
+
+            try:
+                Sampling(**self.sampling)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"agent.sampling: {exc}") from None
 
     async def start(self) -> None:
         """Bring up the Env's serving resources (interception server, shared tool servers)."""
@@ -96,8 +102,8 @@ class VerifiersRunner(BaseModel):
         """The verifiers task a row carries (BadRequest naming the field: the row is at fault)."""
         data = row.get(TASK_FIELD)
         if not isinstance(data, dict) or not isinstance(data.get("data"), dict):
-            raise BadRequest(f"required: the verifiers task data (write rows with python -m "
-                             f"agents.proxy_agent.verifiers_export)", field=f"{TASK_FIELD}.data")
+            raise BadRequest("required: the verifiers task data (write rows with python -m "
+                             "agents.proxy_agent.verifiers_export)", field=f"{TASK_FIELD}.data")
         task_cls = type(env.taskset).task_type()
         try:
             return task_cls(task_cls.data_type().model_validate(data["data"]), env.taskset.config.task)
