@@ -22,6 +22,9 @@ install: $(VENV)/.installed
 # the trainer adapters of `rollgym train`; and the proxy agent's example agents and the MCP environment (agents).
 $(VENV)/.installed-trl: $(VENV)/.installed pyproject.toml
 	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train,envs]"
+	# verifiers Envs (agents/proxy_agent's verifiers runner): --no-deps, see the `verifiers` extra.
+	$(PIP) install --quiet --no-deps "verifiers==0.4.0" "prime-pydantic-config==0.4.3" "tomli>=2" "tomli-w>=1.0"
+	$(PIP) install --quiet "renderers==0.1.12" "anthropic==2.14.0" "prime-sandboxes==0.5.1"
 	touch $@
 
 # Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request, Response
-from pydantic import Field
+from pydantic import Field, model_validator
 from starlette.routing import Route
 
 from rollgym import AgentServer, BadRequest, ResponsesCreateParams, RunRequest, ServerCallError, ServerConfig, ServerRef
@@ -30,14 +30,16 @@ from rollgym.streaming import stream_chat_completion, stream_response, wants_usa
 from .capture import Call, Capture, strip_tokens
 from .chat import chat_to_responses, response_to_chat
 from .runners import AgentFailure, CallableRunner, CommandRunner, Endpoint, HttpRunner, Outcome
+from .verifiers_runner import VerifiersRunner
 
 ENDED_REMEMBERED = 100_000  # ended rollout ids kept to answer "ended" rather than "unknown"
 
 
 class ProxyAgentConfig(ServerConfig):
     model_server: ServerRef
-    resources_server: ServerRef
-    agent: Annotated[CommandRunner | HttpRunner | CallableRunner, Field(discriminator="kind")]
+    resources_server: ServerRef | None = Field(
+        default=None, description="the environment; none for an agent that brings its own (verifiers) and scores itself")
+    agent: Annotated[CommandRunner | HttpRunner | CallableRunner | VerifiersRunner, Field(discriminator="kind")]
     timeout_s: float = Field(default=300.0, gt=0, description="the agent's whole run")
     max_model_calls: int | None = Field(default=64, ge=1, description="per rollout; later calls are refused")
     model: str | None = Field(default=None, description="the `model` sent to the model server; null: the agent's is dropped")
@@ -49,6 +51,14 @@ class ProxyAgentConfig(ServerConfig):
     return_sequences: bool = True
     serve_mcp: bool = Field(default=False, description="also serve the environment's tools over MCP at "
                                                        "/rollouts/{id}/mcp (needs the mcp package)")
+
+    @model_validator(mode="after")
+    def _scored_somewhere(self) -> "ProxyAgentConfig":
+        if self.resources_server is None and self.reward == "verify":
+            raise ValueError("reward: verify needs a resources_server; without one use reward: agent")
+        if self.agent.kind == "verifiers" and self.reward != "agent":
+            raise ValueError("a verifiers Env scores itself: set reward: agent")
+        return self
 
 
 @dataclass
@@ -84,14 +94,23 @@ class ProxyAgent(AgentServer):
             except ImportError as exc:
                 raise ServerStartError(f"serve_mcp needs the mcp package (pip install 'rollgym[agents]'): {exc}") from None
             self.mcp_gateway = McpGateway(self, self.find_rollout)
+        if isinstance(self.config.agent, VerifiersRunner):
+            try:
+                self.config.agent.load()
+            except ValueError as exc:
+                raise ServerStartError(str(exc)) from None
 
     async def startup(self) -> None:
         if self.mcp_gateway is not None:
             await self.mcp_gateway.start()
+        if isinstance(self.config.agent, VerifiersRunner):
+            await self.config.agent.start()
 
     async def shutdown(self) -> None:
         if self.mcp_gateway is not None:
             await self.mcp_gateway.stop()
+        if isinstance(self.config.agent, VerifiersRunner):
+            await self.config.agent.close()
 
     # /run --------------------------------------------------------------------------------------
     async def run_rollout(self, task: RunRequest, payload: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -129,6 +148,8 @@ class ProxyAgent(AgentServer):
                 return {**base, "reward": None, "status": "agent_error", "metrics": metrics,
                         "error": "reward: agent is configured, but the agent returned no score"}
             result = {**base, "reward": outcome.score}
+            if outcome.components is not None:
+                result["reward_components"] = outcome.components
         else:
             try:
                 verified = await self._env_call(rollout, "/verify", {**payload, "response": response})
@@ -179,7 +200,9 @@ class ProxyAgent(AgentServer):
             "env_latency_s": round(rollout.env_latency_s, 6),
         }
 
-    async def _env_call(self, rollout: Rollout, path: str, body: Any) -> Reply:
+    async def _env_call(self, rollout: Rollout, path: str, body: Any) -> Reply | None:
+        if self.config.resources_server is None:
+            return None  # the agent brings its own environment
         started = time.perf_counter()
         try:
             reply = await self.client.post(self.config.resources_server.name, path, json=body,
@@ -310,6 +333,8 @@ class ProxyAgent(AgentServer):
         @app.get("/rollouts/{rollout_id}/tools")
         async def tools(rollout_id: str, request: Request) -> Response:
             rollout = self._rollout(request, rollout_id)
+            if self.config.resources_server is None:
+                raise BadRequest("this agent has no resources server, so no tools here", field="tools", status=404)
             reply = await self.client.get(self.config.resources_server.name, "/tools", cookies=rollout.cookies,
                                           timeout_s=self.config.tool_timeout_s)
             return Response(reply.body, reply.status, media_type="application/json")
@@ -322,7 +347,7 @@ class ProxyAgent(AgentServer):
 
     async def env_tool_call(self, rollout: Rollout, name: str, arguments: Any) -> Reply:
         """A tool call for the agent: its answer relayed as it is (a 4xx is the agent's to read)."""
-        if name in RESERVED_ROUTES:
+        if name in RESERVED_ROUTES or self.config.resources_server is None:
             raise BadRequest(f"'{name}' is not a tool", field="name", status=404)
         path = f"/{name}"
         started = time.perf_counter()

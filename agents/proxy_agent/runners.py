@@ -63,10 +63,12 @@ class Endpoint:
 
 @dataclass
 class Outcome:
-    """What a finished agent said: its answer and, for workflows that score themselves, a score."""
+    """What a finished agent said: its answer and, for workflows that score themselves, a score
+    (and, where the score is a weighted sum, its named components)."""
 
     answer: str | None = None
     score: float | None = None
+    components: dict[str, float] | None = None
 
 
 def outcome_from(value: Any, source: str) -> Outcome:
