@@ -63,3 +63,14 @@ def test_init_package_refuses_a_bad_name_or_a_used_folder(tmp_path: Path) -> Non
     (tmp_path / "used" / "x").write_text("")
     used = rollgym("init", "--package", str(tmp_path / "used"))
     assert used.returncode == 2 and "already exists and is not empty" in used.stderr
+
+
+def test_an_entry_point_that_names_no_package_is_one_warning_line(tmp_path: Path) -> None:
+    dist = tmp_path / "broken_env-0.1.dist-info"  # what pip leaves for an installed distribution
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-env\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[rollgym.environments]\nbroken = broken_env_gone\n")
+    listed = rollgym("env", "list", site=tmp_path)
+    assert listed.returncode == 0 and "broken" not in listed.stdout
+    assert listed.stderr.strip() == ("rollgym: warning: broken: entry point of broken-env names 'broken_env_gone', "
+                                     "which is not an importable package")
