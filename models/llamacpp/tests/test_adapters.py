@@ -115,12 +115,18 @@ def test_load_select_list_unload(client: httpx.Client, adapter: Path) -> None:
     assert logprobs(generate(client, model=base_version)) == pytest.approx(logprobs(base), abs=1e-3)
     assert logprobs(generate(client, model="step-1")) == pytest.approx(logprobs(tuned), abs=1e-3)
 
-    # Loading the same name again is refused unless load_inplace; in place it gets a new version.
+    # Loading the same name again is refused unless load_inplace. A version names the weights: the same
+    # files in place keep it, other files get another.
     again = client.post("/v1/load_lora_adapter", json={"lora_name": "step-1", "lora_path": str(adapter)})
     assert again.status_code == 400 and "already been loaded" in again.text
+    same = client.post("/v1/load_lora_adapter",
+                       json={"lora_name": "step-1", "lora_path": str(adapter), "load_inplace": True})
+    assert same.status_code == 200 and same.json()["model_version"] == version
+    other = write_adapter(adapter.parent / "step-1-other", seed=1)
     inplace = client.post("/v1/load_lora_adapter",
-                          json={"lora_name": "step-1", "lora_path": str(adapter), "load_inplace": True})
-    assert inplace.status_code == 200 and inplace.json()["model_version"] != version
+                          json={"lora_name": "step-1", "lora_path": str(other), "load_inplace": True})
+    assert inplace.status_code == 200 and inplace.json()["model_version"] not in (version, base_version)
+    assert inplace.json()["model_version"].startswith("step-1@")
     assert generate(client)["model_version"] == inplace.json()["model_version"]
 
     unloaded = client.post("/v1/unload_lora_adapter", json={"lora_name": "step-1"})
