@@ -38,14 +38,12 @@ import asyncio
 import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 import orjson
 import textarena
-from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from starlette.exceptions import HTTPException
 from textarena.core import GAME_ID, ObservationType
@@ -327,13 +325,9 @@ class TextArenaServer(ResourcesServer):
         self._game_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="textarena")
         self._opponent_base: str | None = None
 
-    @asynccontextmanager
-    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        try:
-            async with super()._lifespan(app):
-                yield
-        finally:
-            self.close_game_thread()
+    async def shutdown(self) -> None:
+        self.close_game_thread()
+        await super().shutdown()
 
     def close_game_thread(self) -> None:
         self._game_thread.shutdown(wait=False, cancel_futures=True)
