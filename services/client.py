@@ -25,7 +25,6 @@ from typing import Any, Collection, Mapping
 
 import aiohttp
 import orjson
-from pydantic import BaseModel
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Where a cookies dict remembers the replica of its session: `~replica:<server name>`. Never sent.
@@ -197,8 +196,9 @@ def encode_json(payload: Any) -> bytes:
     """JSON bytes for a dict/list, a pydantic model, or bytes passed through."""
     if isinstance(payload, bytes):
         return payload
-    if isinstance(payload, BaseModel):
-        return payload.model_dump_json(exclude_unset=True).encode()
+    model_dump_json = getattr(payload, "model_dump_json", None)  # a pydantic model, without importing pydantic
+    if model_dump_json is not None:
+        return model_dump_json(exclude_unset=True).encode()
     return orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
 
 

@@ -39,6 +39,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .errors import ConfigError
+
 ROLES = ("models", "resources_servers", "agents")
 # NeMo Gym's names for the same roles.
 ROLE_ALIASES = {"responses_api_models": "models", "responses_api_agents": "agents"}
@@ -65,10 +67,6 @@ class RayResources(BaseModel):
     def actor_options(self) -> dict[str, Any]:
         """The options given to `ActorClass.options(...)`: only what the config set."""
         return self.model_dump(exclude_none=True, exclude_defaults=True)
-
-
-class ConfigError(Exception):
-    """A stack configuration problem, phrased for the user (file and key included)."""
 
 
 @dataclass

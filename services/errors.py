@@ -57,3 +57,11 @@ def validation_errors(errors: list[dict[str, Any]], prefix: str = "") -> list[di
 
 class ServerStartError(Exception):
     """A server refuses to start with this configuration."""
+
+
+class LaunchError(Exception):
+    """A server of the stack did not come up, or died (raised by rollgym.stack.launcher)."""
+
+
+class ConfigError(Exception):
+    """A stack configuration problem, phrased for the user (file and key included)."""

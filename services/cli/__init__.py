@@ -34,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ..config import ConfigError
-    from ..stack.launcher import LaunchError
-    from ..stack.serve import raise_open_file_limit
+    from ..errors import ConfigError
+    from ..errors import LaunchError
+    from ..stack.limits import raise_open_file_limit
 
     raise_open_file_limit()
     try:

@@ -56,7 +56,6 @@ def register(commands: Any) -> None:
 
 def run_collect(args: argparse.Namespace) -> int:
     from ..client import ServerAddress, load_registry_file
-    from ..config import load_stack, split_configs
     from ..rollouts.attempts import UnknownAgent
     from ..rollouts.collector import CollectOptions
 
@@ -85,6 +84,8 @@ def run_collect(args: argparse.Namespace) -> int:
     stack = None
     try:
         if args.config:
+            from ..config import load_stack, split_configs  # only here: omegaconf costs a start-up
+
             files, overrides = split_configs(args.config)
             config = load_stack(files, overrides)
             stack = stack_for(config, args.ray)

@@ -44,25 +44,27 @@ def _add_export(commands: Any) -> None:
 
 
 def _add_curriculum(commands: Any) -> None:
-    """Add `rollgym curriculum` to the CLI's subparsers."""
-    from ..data.curriculum import CurriculumConfig
+    """Add `rollgym curriculum` to the CLI's subparsers.
 
-    defaults = CurriculumConfig()
+    Options left out keep CurriculumConfig's defaults (not read here: parsing imports no pydantic)."""
+    keep = argparse.SUPPRESS
     parser = commands.add_parser("curriculum", help="keep the rollout groups a curriculum trains on at an epoch")
     parser.add_argument("--input", required=True, help="rollouts JSONL written by collect-rollouts")
     parser.add_argument("--output", required=True, help="the selected groups' rollouts, JSONL")
     parser.add_argument("--epoch", type=int, required=True, help="the training epoch, from 0")
-    parser.add_argument("--sort", choices=("easy_to_hard", "hard_to_easy"), default=defaults.sort)
+    parser.add_argument("--sort", choices=("easy_to_hard", "hard_to_easy"), default=keep,
+                        help="default easy_to_hard")
     # Unlike a training plan's curriculum (0.1), the command keeps groups without a reward spread unless
     # asked: it selects from any rollouts file, deterministic environments' included.
     parser.add_argument("--min-reward-diff", type=float, default=0.0,
                         help="keep groups whose max-min reward is at least this (default 0.0: all)")
-    parser.add_argument("--initial-percentile", type=float, default=defaults.initial_percentile)
-    parser.add_argument("--increment-percentile", type=float, default=defaults.increment_percentile)
-    parser.add_argument("--expansion-interval", type=int, default=defaults.expansion_interval,
-                        help=f"epochs between expansions (default {defaults.expansion_interval})")
+    parser.add_argument("--initial-percentile", type=float, default=keep,
+                        help="fraction of the groups kept at epoch 0 (default 0.3)")
+    parser.add_argument("--increment-percentile", type=float, default=keep,
+                        help="fraction added at each expansion (default 0.2)")
+    parser.add_argument("--expansion-interval", type=int, default=keep, help="epochs between expansions (default 5)")
     parser.add_argument("--random-subsample", type=float, help="then keep this random fraction of the groups")
-    parser.add_argument("--seed", type=int, default=defaults.seed, help="seed of --random-subsample")
+    parser.add_argument("--seed", type=int, default=keep, help="seed of --random-subsample (default 0)")
     parser.add_argument("--drop-solved", action="store_true", help="first drop groups whose rollouts all got reward >= 1")
     parser.add_argument("--drop-unsolved", action="store_true", help="first drop groups whose rollouts all got reward <= 0")
     parser.set_defaults(handler=run_data_tool, data_module="curriculum")

@@ -14,7 +14,7 @@ from .common import STARTED, UsageError, parse_params
 
 def register(commands: Any) -> None:
     run = commands.add_parser(
-        "eval", help="evaluate models/adapters on environments: mean reward, pass@k, 95% CI, comparisons",
+        "eval", help="evaluate models/adapters on environments: mean reward, pass@k, 95%% CI, comparisons",
         description="Runs every environment of a suite (or --env NAME ...) against every --model through the "
                     "rollout collector, into OUTPUT/ENV/MODEL.jsonl (rerunning resumes), and reports per "
                     "environment and model the mean reward with a 95% interval over tasks, unbiased pass@k "

@@ -181,11 +181,9 @@ def mix(rows_by_env: Mapping[str, Sequence[T]], ratios: Mapping[str, float], tot
 
 def command(args: Any) -> int:
     try:
-        config = CurriculumConfig(
-            sort=args.sort, min_reward_diff=args.min_reward_diff, initial_percentile=args.initial_percentile,
-            increment_percentile=args.increment_percentile, expansion_interval=args.expansion_interval,
-            random_subsample=args.random_subsample, seed=args.seed,
-        )
+        options = ("sort", "min_reward_diff", "initial_percentile", "increment_percentile", "expansion_interval",
+                   "random_subsample", "seed")
+        config = CurriculumConfig(**{name: getattr(args, name) for name in options if hasattr(args, name)})
     except ValidationError as exc:
         error = exc.errors()[0]
         option = "--" + str(error["loc"][0]).replace("_", "-")

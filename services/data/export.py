@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 from ..chat_conversion import ConversionError, responses_to_chat_request
-from ..rollouts.attempts import agent_ref_name
+from ..rollouts.routing import agent_ref_name
 from .jsonl import Report, iter_jsonl
 
 FORMATS = ("sft", "dpo", "grpo", "hf")

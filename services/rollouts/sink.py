@@ -136,11 +136,19 @@ class RolloutSink:
         return summary
 
 
+class _NoProgressBar:
+    def set_postfix(self, **values: Any) -> None: ...
+    def update(self, count: int) -> None: ...
+    def close(self) -> None: ...
+
+
 def _progress_bar(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoProgressBar()  # not even tqdm's disabled bar: importing tqdm is a collection's start-up cost
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="rollouts", unit="rollout", disable=not enabled,
-                dynamic_ncols=True, mininterval=0.25, smoothing=0.1)
+    return tqdm(total=total, initial=initial, desc="rollouts", unit="rollout", dynamic_ncols=True, mininterval=0.25,
+                smoothing=0.1)
 
 
 __all__ = ["RolloutSink", "companion_paths", "scan_output"]

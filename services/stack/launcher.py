@@ -39,12 +39,9 @@ import orjson
 
 from ..client import ServerAddress
 from ..config import StackConfig
+from ..errors import LaunchError
 
 _PR_SET_PDEATHSIG = 1
-
-
-class LaunchError(Exception):
-    """A server of the stack did not come up, or died."""
 
 
 def _die_with_parent() -> None:

@@ -23,29 +23,10 @@ from pydantic import ValidationError
 from ..client import registry_from_json
 from ..config import ServerSpec, format_validation_error
 from ..errors import ServerStartError
+from .limits import raise_open_file_limit
 
-if TYPE_CHECKING:  # the web stack loads only when a server is built: `raise_open_file_limit` is for the CLI too
+if TYPE_CHECKING:  # the web stack loads only when a server is built
     from ..server import BaseServer
-
-
-def raise_open_file_limit() -> int:
-    """Lift this process's soft limit on open files to the hard limit; returns the new soft limit.
-
-    Thousands of rollouts in flight hold thousands of sockets, far past the usual soft limit of 1024.
-    Children inherit the limit, so the launcher and the collector call this once at start.
-    """
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = max(soft, 1 << 20)
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 def load_server_class(spec: ServerSpec) -> type[BaseServer]:
@@ -80,7 +61,11 @@ def build_server(spec: ServerSpec, stack: dict[str, Any]) -> BaseServer:
 
 def preload(stack: dict[str, Any]) -> None:
     """Import what every server needs, and each server's module, so forked children start warm."""
+    import pydantic.v1  # noqa: F401 - FastAPI imports it lazily while it builds the first route
     import uvicorn  # noqa: F401
+    import uvicorn.lifespan.on  # noqa: F401 - the modules uvicorn.Config.load() picks for uvicorn_config's choices
+    import uvicorn.protocols.http.httptools_impl  # noqa: F401
+    import uvloop  # noqa: F401
 
     from .. import agent, model, resources  # noqa: F401
 
@@ -140,6 +125,7 @@ def uvicorn_config(server: BaseServer, app: Any, *, fd: int | None = None, loop:
         fd=fd,
         loop=loop,
         http="httptools",
+        ws="none",  # no server speaks websockets: not importing their protocol saves each child ~20 ms
         log_level="warning",
         access_log=False,
         # Servers are addressed directly, not behind a proxy: skip the proxy-header layer.
