@@ -77,7 +77,10 @@ class Call:
     def __post_init__(self) -> None:
         self.input_signatures = signatures(self.input)
         self.output_signatures = signatures(self.output)
-        self.record = next((r for r in map(token_record, reversed(self.output)) if r is not None), None)
+        # The last output item with a token record carries the call's tokens (found once: restore_tokens
+        # looks at every earlier call on every call of the rollout).
+        self.record_item = next((item for item in reversed(self.output) if token_record(item) is not None), None)
+        self.record = token_record(self.record_item) if self.record_item is not None else None
 
     @property
     def conversation(self) -> list[Signature]:
@@ -100,7 +103,7 @@ class Capture:
         positions = [index for index, item in enumerate(items) if signature(item) is not None]
         given = [signature(items[index]) for index in positions]
         for call in self.calls:
-            record_item = next((item for item in reversed(call.output) if token_record(item) is not None), None)
+            record_item = call.record_item
             n_in, n_out = len(call.input_signatures), len(call.output_signatures)
             if record_item is None or n_out == 0 or len(given) < n_in + n_out:
                 continue

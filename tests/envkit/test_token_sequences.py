@@ -56,6 +56,8 @@ def test_malformed_records_are_skipped_never_a_crash() -> None:
         {"prompt_token_ids": [1], "generation_token_ids": [2, 3], "generation_log_probs": [-1.0]},
         {"prompt_token_ids": "1", "generation_token_ids": [2], "generation_log_probs": [-1.0]},
         {"prompt_token_ids": [1], "generation_token_ids": [2], "generation_log_probs": ["x"]},
+        {"prompt_token_ids": [1, True], "generation_token_ids": [2], "generation_log_probs": [-1.0]},
+        {"prompt_token_ids": [1], "generation_token_ids": [2.0], "generation_log_probs": [-1.0]},
         "not an item", None,
     ]
     assert all(token_record(entry) is None for entry in bad)
