@@ -172,7 +172,7 @@ class ResourcesServer(BaseServer):
     def _tool_route(self, spec: ToolSpec) -> Callable[..., Awaitable[Any]]:
         method = getattr(self, spec.method_name)
 
-        async def call_tool(request: Request, session_id: SessionId) -> Any:
+        async def call_tool(request: Request, session_id: SessionId) -> JSONBytesResponse:
             args = parse_body(spec.args_model, await read_json(request))
             async with self.session_state(session_id) as state:
                 result = await method(args, state)

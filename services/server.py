@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .client import Registry, ServerClient
 from .errors import ServerStartError, validation_errors
+from .hot_path import ServerApp
 from .sessions import SESSION_COOKIE, SessionSigner
 
 logger = logging.getLogger("rollgym.server")
@@ -276,10 +277,12 @@ class BaseServer:
 
     def build_app(self) -> FastAPI:
         """The ASGI app of this server."""
-        app = FastAPI(
+        app = ServerApp(
             title=f"rollgym {self.role or 'server'}: {self.name}",
             lifespan=self._lifespan,
             default_response_class=JSONBytesResponse,
+            hot_guard=self._guard,
+            default_response=JSONBytesResponse,
         )
         app.state.session_signer = self.session_signer
         app.state.server = self
@@ -294,6 +297,14 @@ class BaseServer:
 
         self.add_routes(app)
         return app
+
+    def _guard(self, app: Any) -> Any:
+        """`app` behind what every request needs: the request guard, and the bearer check when auth is on.
+        (The FastAPI stack gets the same two as middleware; the hot routes, rollgym.hot_path, get them here.)"""
+        guarded: Any = RequestGuardMiddleware(app, limit=self.config.max_body_bytes)
+        if self.config.auth_token:
+            guarded = BearerAuthMiddleware(guarded, token=self.config.auth_token, open_prefixes=self.own_auth_prefixes)
+        return guarded
 
     def health_details(self) -> dict[str, str]:
         """Extra fields of `GET /health` (an agent says which model server it samples from)."""

@@ -110,6 +110,23 @@ async def test_unknown_route_and_crash_are_structured_without_trace() -> None:
         assert "Traceback" not in crash.text
 
 
+async def test_busy_routes_are_served_directly_and_every_other_route_through_fastapi() -> None:
+    app = CounterServer(name="counter").build_app()
+
+    @app.get("/echo")  # a query parameter for FastAPI to parse and validate: not served directly
+    async def echo(word: str) -> dict[str, str]:
+        return {"word": word}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+        assert (await http.post("/add", json={"amount": 2})).json() == {"total": 2}
+        assert sorted(app.hot_paths()) == ["/add", "/explode", "/seed_session", "/tools", "/verify"]
+        assert (await http.get("/echo", params={"word": "hi"})).json() == {"word": "hi"}
+        assert (await http.get("/echo")).json()["error"]["field"] == "query.word"
+        wrong_method = await http.get("/add")
+        assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "method_not_allowed"
+        assert {"/add", "/seed_session", "/verify", "/echo"} <= set((await http.get("/openapi.json")).json()["paths"])
+
+
 async def test_body_limit() -> None:
     server = CounterServer(ResourcesServerConfig(max_body_bytes=100))
     async with client_for(server) as http:
