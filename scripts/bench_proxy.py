@@ -143,6 +143,7 @@ def main() -> None:
         registry = stack.start(timeout_s=120)
         try:
             proxy_pid = next(p.pid for name, p in stack.processes.items() if name.startswith("proxy_agent"))
+            print(f"proxy agent pid {proxy_pid}", file=sys.stderr, flush=True)
             results = asyncio.run(drive(args, registry, proxy_pid, workflow_port))
         finally:
             stack.stop()

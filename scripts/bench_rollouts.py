@@ -146,6 +146,7 @@ class Meter:
     cpu: dict[str, float] = field(default_factory=dict)
     wall: dict[str, float] = field(default_factory=dict)
     peak_rss: int = 0
+    peak_rss_by_pid: dict[int, int] = field(default_factory=dict)
     in_flight: int = 0
     peak_in_flight: int = 0
     _sampler: asyncio.Task | None = None
@@ -164,9 +165,15 @@ class Meter:
             self.cpu["warm"], self.wall["warm"] = self.cpu["start"], self.wall["start"]
         self._sampler = asyncio.get_running_loop().create_task(self._sample())
 
+    def _sample_rss(self) -> None:
+        pids = self.rss_pids or self.pids
+        self.peak_rss = max(self.peak_rss, rss(pids))
+        for pid in pids:
+            self.peak_rss_by_pid[pid] = max(self.peak_rss_by_pid.get(pid, 0), rss([pid]))
+
     async def _sample(self) -> None:
         while True:
-            self.peak_rss = max(self.peak_rss, rss(self.rss_pids or self.pids))
+            self._sample_rss()
             await asyncio.sleep(0.1)
 
     def sent(self) -> float:
@@ -193,7 +200,7 @@ class Meter:
                 await self._sampler
             except asyncio.CancelledError:
                 pass
-        self.peak_rss = max(self.peak_rss, rss(self.rss_pids or self.pids))
+        self._sample_rss()
 
     def summary(self) -> dict[str, Any]:
         n = len(self.done_at)
@@ -548,6 +555,8 @@ def main() -> int:
         time.sleep(0.5)
         me = os.getpid()
         idle_rss = rss(stack_pids + [me])
+        idle_rss_by_pid = {pid: rss([pid]) for pid in stack_pids + [me]}
+        process_names = {**dict(zip(stack_pids, stack.processes)), me: "driver"}
         idle_pss = pss(stack_pids + [me])
         print(f"stack ready in {ready_s:.2f} s in this process ({'forked' if forks else 'spawned'} children: "
               + ", ".join(f"{n}={p}" for n, p in zip(stack.processes, stack_pids)) + f"), "
@@ -581,6 +590,9 @@ def main() -> int:
                                  f"{result['wall_s']:.1f} s; peak RSS {result['peak_rss'] / MB:.0f} MB = "
                                  f"{grown / MB / (args.in_flight / 1000):.1f} MB above idle per 1000 in flight "
                                  f"({result['peak_rss'] / MB / (args.in_flight / 1000):.1f} MB total per 1000)")
+                    extra.append("peak RSS above idle per 1000 in flight, per process: " + ", ".join(
+                        f"{process_names[pid]} {(peak - idle_rss_by_pid[pid]) / MB / (args.in_flight / 1000):.1f} MB"
+                        for pid, peak in meter.peak_rss_by_pid.items()))
                     extra.append(f"PSS after the run: {pss(stack_pids + [me]) / MB:.0f} MB")
                 rows.append(report("aiohttp", result, args, idle_rss, ready_s, extra))
             elif driver == "collector":
