@@ -611,7 +611,9 @@ def main() -> int:
                     f"(interpreter up after {result['interpreter_start_s']:.2f} s), "
                     f"{result['last_reply_to_exit_s']:.2f} s from the last answer to exit",
                     f"collector process CPU: {result['collector_cpu_s']:.2f} s, of which "
-                    f"{result['collector_fixed_cpu_s']:.2f} s outside the /run window (imports, start, summary)",
+                    f"{result['collector_fixed_cpu_s']:.2f} s outside the /run window (imports, start, summary); "
+                    f"{(result['collector_cpu_s'] - result['collector_fixed_cpu_s']) * 1000 / result['rollouts']:.3f} "
+                    f"CPU-ms per rollout inside it",
                     f"whole command: {result['wall_s']:.2f} s wall",
                 ]
                 rows.append(report("cli", result, args, idle_rss, ready_s, extra))
