@@ -3,6 +3,8 @@
 Every server gets `GET /health`, a request-body size limit, structured JSON errors (4xx naming the
 field at fault, 500 without a stack trace), signed cookie sessions, optional bearer-token auth
 (required when bound beyond loopback) and a pooled client for calling the other servers by name.
+The app is a `rollgym.hot_path.ServerApp`: routes that take just the request skip FastAPI's
+per-request layers, with the same guard, auth and error handlers.
 """
 
 from __future__ import annotations
