@@ -9,7 +9,8 @@ Runs, as subprocesses and alternating so that both see the same machine load:
 - scripts/bench_rollouts.py --drivers cli, `--reps` times (medians): the collector's fixed cost (launch to the
   first /run, plus the last answer to exit), its own CPU per rollout, and `rollgym run`'s start until the stack
   is ready (three servers);
-- scripts/bench_rollouts.py --in-flight M (1 s backend latency): RSS above idle per 1,000 rollouts in flight;
+- scripts/bench_rollouts.py --in-flight M (1 s backend latency): RSS above idle per 1,000 rollouts in flight,
+  and the same for scripts/bench_http_floor.py's FastAPI chain;
 - scripts/bench_proxy.py: the proxy agent's CPU per model call.
 
 Prints each figure with its goal and whether it is met, then the raw rows. CPU per rollout is the figure to
@@ -124,6 +125,11 @@ def main() -> int:
         out = run([str(SCRIPTS / "bench_rollouts.py"), "--in-flight", str(args.in_flight), "--backend-latency-ms",
                    "1000", "--no-cli-ready"])
         per_1000 = number_after(out, r"= ([0-9.]+) MB above idle per 1000 in flight")
+        floor_out = run([str(SCRIPTS / "bench_http_floor.py"), "--variants", "fastapi", "--in-flight",
+                         str(args.in_flight), "--backend-latency-ms", "1000"])
+        floor_1000 = number_after(floor_out, r"peak RSS ([0-9.]+) MB above idle per 1000 in flight")
+        say(f"memory of the FastAPI floor's chain (bare handlers, same libraries): {floor_1000:.1f} MB above idle per "
+            f"1,000 in flight; rollgym / floor: {per_1000 / floor_1000:.2f}")
         say(f"memory: {per_1000:.1f} MB above idle per 1,000 rollouts in flight ({args.in_flight} at once) "
             f"(goal <= {GOALS['mb_per_1000_in_flight']} MB: {verdict(per_1000, GOALS['mb_per_1000_in_flight'])})")
     if "proxy" not in skip:

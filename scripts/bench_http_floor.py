@@ -257,6 +257,9 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=None, help="rollouts left out of the steady state (default 10%%)")
     parser.add_argument("--variants", default="aiohttp,fastapi")
     parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--in-flight", type=int, default=0,
+                        help="hold this many rollouts in flight at once and report the RSS they add (as "
+                             "bench_rollouts.py --in-flight; use with --backend-latency-ms 1000)")
     # Child mode.
     parser.add_argument("--serve", choices=list(ROUTES), help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="aiohttp", help=argparse.SUPPRESS)
@@ -267,6 +270,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.serve:
         return serve(args)
+    if args.in_flight:
+        args.rollouts = args.concurrency = args.in_flight
+        args.warmup = 0
     if args.warmup is None:
         args.warmup = args.rollouts // 10
 
@@ -284,6 +290,7 @@ def main() -> int:
         try:
             time.sleep(0.3)
             me = os.getpid()
+            idle_rss = bench.rss(servers.measured_pids + [me])
             meter = bench.Meter(servers.measured_pids, args.warmup, rss_pids=servers.measured_pids + [me])
             asyncio.run(asyncio.wait_for(
                 bench.drive_aiohttp(servers.urls["agent"], args.rollouts, args.concurrency, meter, args.timeout_s),
@@ -298,6 +305,10 @@ def main() -> int:
               f"p99 {result['p99_ms']:.1f} ms")
         print(f"  CPU per rollout: {result['cpu_ms_per_rollout']:.2f} ms steady "
               f"({result['cpu_ms_per_rollout_all']:.2f} ms over the whole run); peak RSS {result['peak_rss'] / bench.MB:.0f} MB")
+        if args.in_flight:
+            grown = (result["peak_rss"] - idle_rss) / bench.MB / (args.in_flight / 1000)
+            print(f"  in flight: {meter.peak_in_flight} at once; peak RSS {grown:.1f} "
+                  f"MB above idle per 1000 in flight")
         if meter.failures:
             failed = True
             print(f"  FAILURES: {len(meter.failures)}; most common causes: {bench.failure_causes(meter.failures)}")
