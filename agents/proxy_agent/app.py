@@ -109,7 +109,7 @@ class ProxyAgent(AgentServer):
     async def shutdown(self) -> None:
         if self.mcp_gateway is not None:
             await self.mcp_gateway.stop()
-        if isinstance(self.config.agent, VerifiersRunner):
+        if isinstance(self.config.agent, (VerifiersRunner, HttpRunner)):
             await self.config.agent.close()
 
     # /run --------------------------------------------------------------------------------------

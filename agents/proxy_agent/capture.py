@@ -94,23 +94,28 @@ class Capture:
     calls: list[Call] = field(default_factory=list)
 
     def restore_tokens(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """`items` with this rollout's token records put back on the generated turns they echo.
+        """`items` with this rollout's token record put back on the latest generated turn they echo.
 
         A turn counts as echoed only when the conversation before it is that call's input too: a
-        turn found in another context is left alone (the model server then renders it afresh).
+        turn found in another context is left alone (the model server then renders it afresh). Only
+        the latest echoed turn gets its record: a model server extends the last record in its input,
+        and earlier ones would grow every request by every earlier prompt (calls² token ids).
         """
         items = list(items)
-        positions = [index for index, item in enumerate(items) if signature(item) is not None]
-        given = [signature(items[index]) for index in positions]
+        signed = [(index, sig) for index, sig in enumerate(map(signature, items)) if sig is not None]
+        given = [sig for _, sig in signed]
+        latest: tuple[int, dict[str, Any]] | None = None  # (position, the call's record item)
         for call in self.calls:
-            record_item = call.record_item
             n_in, n_out = len(call.input_signatures), len(call.output_signatures)
-            if record_item is None or n_out == 0 or len(given) < n_in + n_out:
+            if call.record_item is None or n_out == 0 or len(given) < n_in + n_out:
                 continue
             if given[:n_in] == call.input_signatures and given[n_in:n_in + n_out] == call.output_signatures:
-                at = positions[n_in + n_out - 1]
-                if token_record(items[at]) is None:
-                    items[at] = {**items[at], **{name: record_item[name] for name in TOKEN_FIELDS}}
+                at = signed[n_in + n_out - 1][0]
+                if latest is None or at > latest[0]:
+                    latest = (at, call.record_item)
+        if latest is not None and token_record(items[latest[0]]) is None:
+            at, record_item = latest
+            items[at] = {**items[at], **{name: record_item[name] for name in TOKEN_FIELDS}}
         return items
 
     def transcript(self) -> list[dict[str, Any]]:

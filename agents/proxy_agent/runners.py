@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from rollgym.config import import_target
 
@@ -169,15 +169,19 @@ class HttpRunner(BaseModel):
     kind: Literal["http"]
     url: str = Field(pattern=r"^https?://", description="the workflow's URL; it gets POST {task, endpoint}")
     headers: dict[str, str] = Field(default_factory=dict)
+    # One pooled session for every rollout (a session per rollout paid a connection and its set-up each time).
+    _http: aiohttp.ClientSession | None = PrivateAttr(default=None)
 
     async def run(self, task: dict[str, Any], endpoint: Endpoint, timeout_s: float) -> Outcome:
         body = {"task": task, **endpoint.to_json()}
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
-                async with http.post(self.url, json=body, headers=self.headers) as reply:
-                    text = await reply.text()
-                    if reply.status >= 400:
-                        raise AgentFailure("agent_error", f"the workflow answered HTTP {reply.status}: {text[-STDERR_TAIL_BYTES:]}")
+            async with self._http.post(self.url, json=body, headers=self.headers,
+                                       timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+                text = await reply.text()
+                if reply.status >= 400:
+                    raise AgentFailure("agent_error", f"the workflow answered HTTP {reply.status}: {text[-STDERR_TAIL_BYTES:]}")
         except asyncio.TimeoutError:
             raise AgentFailure("timeout", f"the workflow gave no answer within {timeout_s:g} s") from None
         except aiohttp.ClientError as exc:
@@ -187,6 +191,11 @@ class HttpRunner(BaseModel):
         except ValueError:
             value = text
         return outcome_from(value, "the workflow's answer")
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
 
 class CallableRunner(BaseModel):

@@ -27,6 +27,22 @@ def test_an_echoed_turn_gets_its_tokens_back_only_in_its_own_context() -> None:
     assert "generation_token_ids" not in elsewhere[1]
 
 
+def test_only_the_latest_echoed_turn_gets_its_tokens_back() -> None:
+    first = Call(input=[user("hi")], output=[generated("hello", [1, 2], [3, 4])])
+    second = Call(input=[user("hi"), generated("hello", [1, 2], [3, 4]), user("more")],
+                  output=[generated("more text", [1, 2, 3, 4, 5], [6, 7])])
+    capture = Capture([first, second])
+    echoed = [user("hi"), {"type": "message", "role": "assistant", "content": "hello"}, user("more"),
+              {"type": "message", "role": "assistant", "content": "more text"}, user("last")]
+    restored = capture.restore_tokens(echoed)
+    # The model server extends the last record of its input; the first turn's would only lengthen the request.
+    assert restored[3]["prompt_token_ids"] == [1, 2, 3, 4, 5] and restored[3]["generation_token_ids"] == [6, 7]
+    assert "prompt_token_ids" not in restored[1]
+    # An agent that edited the latest turn: the turn before it is the latest one echoed, so it gets its record.
+    edited = capture.restore_tokens([*echoed[:3], {"type": "message", "role": "assistant", "content": "other"}])
+    assert edited[1]["generation_token_ids"] == [3, 4] and "generation_token_ids" not in edited[3]
+
+
 def test_tool_call_arguments_match_whatever_the_sdk_spacing() -> None:
     call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather",
             "arguments": '{"city":"Paris"}', "prompt_token_ids": [1], "generation_token_ids": [2],
