@@ -11,7 +11,7 @@ Runs, as subprocesses and alternating so that both see the same machine load:
   is ready (three servers);
 - scripts/bench_rollouts.py --in-flight M (1 s backend latency): RSS above idle per 1,000 rollouts in flight,
   and the same for scripts/bench_http_floor.py's FastAPI chain;
-- scripts/bench_proxy.py: the proxy agent's CPU per model call.
+- scripts/bench_proxy.py --rollouts 400, `--reps` times (median): the proxy agent's CPU per model call.
 
 Prints each figure with its goal and whether it is met, then the raw rows. CPU per rollout is the figure to
 compare on a shared machine (throughput moves with the neighbours' load); the load average is printed.
@@ -133,10 +133,13 @@ def main() -> int:
         say(f"memory: {per_1000:.1f} MB above idle per 1,000 rollouts in flight ({args.in_flight} at once) "
             f"(goal <= {GOALS['mb_per_1000_in_flight']} MB: {verdict(per_1000, GOALS['mb_per_1000_in_flight'])})")
     if "proxy" not in skip:
-        out = run([str(SCRIPTS / "bench_proxy.py")])
-        per_call = json.loads(out[out.index("{"):])["proxy_cpu_ms_per_model_call"]
-        say(f"proxy agent CPU per model call: {per_call:.3f} ms (goal <= {GOALS['proxy_cpu_ms_per_call']} ms: "
-            f"{verdict(per_call, GOALS['proxy_cpu_ms_per_call'])})")
+        per_calls = []
+        for _ in range(args.reps):  # a slope between two short runs: noisy, so a median
+            out = run([str(SCRIPTS / "bench_proxy.py"), "--rollouts", "400"])
+            per_calls.append(json.loads(out[out.index("{"):])["proxy_cpu_ms_per_model_call"])
+        per_call = statistics.median(per_calls)
+        say(f"proxy agent CPU per model call, median of {args.reps}: {per_call:.3f} ms {per_calls} "
+            f"(goal <= {GOALS['proxy_cpu_ms_per_call']} ms: {verdict(per_call, GOALS['proxy_cpu_ms_per_call'])})")
     say(f"load average {tuple(round(x, 2) for x in os.getloadavg())} at the end")
     print("\nraw rows (name, rollouts, C, backend ms, rollouts/s, p50 ms, p99 ms, CPU-ms/rollout, ...):")
     for row in raw:
