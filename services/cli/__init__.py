@@ -34,8 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ..errors import ConfigError
-    from ..errors import LaunchError
+    from ..errors import ConfigError, LaunchError
     from ..stack.limits import raise_open_file_limit
 
     raise_open_file_limit()

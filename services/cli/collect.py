@@ -176,7 +176,7 @@ def _run_collection(args: argparse.Namespace, registry: dict[str, ServerAddress]
     import asyncio
 
     if args.ray is None:
-        import uvloop  # the servers' event loop: a third less of the collector's CPU per rollout than asyncio's own
+        import uvloop  # the servers' event loop: less of the collector's CPU per rollout than asyncio's own
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(_collect(registry, agent, options))
