@@ -175,7 +175,10 @@ class HttpRunner(BaseModel):
     async def run(self, task: dict[str, Any], endpoint: Endpoint, timeout_s: float) -> Outcome:
         body = {"task": task, **endpoint.to_json()}
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
+            # No connection limit: a workflow call lasts its whole rollout, and aiohttp's default of 100
+            # would quietly cap the rollouts in flight.
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                               cookie_jar=aiohttp.DummyCookieJar())
         try:
             async with self._http.post(self.url, json=body, headers=self.headers,
                                        timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
