@@ -79,8 +79,8 @@ class Call:
         self.output_signatures = signatures(self.output)
         # The last output item with a token record carries the call's tokens (found once: restore_tokens
         # looks at every earlier call on every call of the rollout).
-        self.record_item = next((item for item in reversed(self.output) if token_record(item) is not None), None)
-        self.record = token_record(self.record_item) if self.record_item is not None else None
+        self.record_item, self.record = next(((item, record) for item in reversed(self.output)
+                                              if (record := token_record(item)) is not None), (None, None))
 
     @property
     def conversation(self) -> list[Signature]:
