@@ -4,6 +4,7 @@ the web stack, the wire schema or the HTTP client: every command pays for what p
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -29,3 +30,14 @@ def test_parsing_the_command_line_imports_no_heavy_library() -> None:
             f"print([m for m in {heavy!r} if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_curriculum_help_states_the_curriculum_config_defaults() -> None:
+    from rollgym.data.curriculum import CurriculumConfig
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    helps = {action.dest: action.help for action in commands["curriculum"]._actions}
+    defaults = CurriculumConfig()
+    for name in ("sort", "initial_percentile", "increment_percentile", "expansion_interval", "seed"):
+        stated = re.search(r"default (\S+?)\)?$", helps[name])
+        assert stated is not None and stated.group(1) == str(getattr(defaults, name)), (name, helps[name])
