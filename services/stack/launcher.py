@@ -21,7 +21,6 @@ also names servers running elsewhere (`rollgym serve-one`, in a container).
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import secrets
 import signal
@@ -40,16 +39,7 @@ import orjson
 from ..client import ServerAddress
 from ..config import StackConfig
 from ..errors import LaunchError
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: ask the kernel to SIGTERM it if the launcher dies.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+from ..processes import die_with_parent
 
 
 def replica_name(name: str, index: int, replicas: int) -> str:
@@ -113,7 +103,7 @@ class Stack:
                     self.processes[process_name] = subprocess.Popen(
                         [self.python, "-m", "rollgym.stack.serve", stack_file, name, "--fd", str(fd), "--replica", str(index)],
                         pass_fds=(fd,),
-                        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                        preexec_fn=die_with_parent if os.name == "posix" else None,  # SIGTERM if the launcher dies
                     )
             for sock in self._sockets.values():
                 sock.close()  # the children hold their copies
@@ -261,7 +251,7 @@ class ForkedServer:
         if pid == 0:  # the child: serve, never return into the launcher's code
             code = 1
             try:
-                _die_with_parent()
+                die_with_parent()
                 for other in all_sockets:
                     if other is not sock:
                         other.close()
