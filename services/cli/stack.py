@@ -50,8 +50,16 @@ def register(commands: Any) -> None:
     compose.set_defaults(handler=run_compose)
 
 
-def _raise_on_sigterm(signum: int, frame: Any) -> None:
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+def _stop_on_sigint_and_sigterm() -> None:
+    # Ctrl-C (SIGINT) and `kill`/`docker stop` (SIGTERM) end the loop, which stops the stack. SIGINT's
+    # handler is set here, not left to Python: a background job of a script starts with SIGINT
+    # ignored, and Python then keeps it ignored, so "Press Ctrl-C to stop" would not hold.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
 
 
 def run_stack(args: argparse.Namespace) -> int:
@@ -63,7 +71,7 @@ def run_stack(args: argparse.Namespace) -> int:
     config = load_stack(files, overrides)
     stack = stack_for(config, args.ray)
     stopping = False
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    _stop_on_sigint_and_sigterm()
     try:
         registry = stack.start()
         print(f"rollgym: stack ready in {time.perf_counter() - STARTED:.2f} s", flush=True)
@@ -114,7 +122,7 @@ def run_serve_one(args: argparse.Namespace) -> int:
         raise UsageError(f"server '{args.name}' calls {', '.join(missing)}: say where with "
                          f"--registry NAME=URL, --registry-file or {REGISTRY_ENV}")
     stack = Stack(served, registry=registry)
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)  # `docker stop`; as PID 1 nothing else would end it
+    _stop_on_sigint_and_sigterm()  # also `docker stop`: as PID 1, nothing else would end it
     try:
         stack.start()
         print(f"rollgym: server '{args.name}' ready in {time.perf_counter() - STARTED:.2f} s", flush=True)

@@ -42,6 +42,16 @@ from ..errors import LaunchError
 from ..processes import die_with_parent
 
 
+def _in_child() -> None:
+    # Runs in each server child right after fork (before exec for a spawned one). A server stops on
+    # SIGINT and SIGTERM: neither the launcher's handlers (KeyboardInterrupt) nor a SIGINT ignored by
+    # whoever started the launcher (a background job of a script) may carry over. SIGTERM from the
+    # kernel if the launcher dies.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent(signal.SIGTERM)
+
+
 def replica_name(name: str, index: int, replicas: int) -> str:
     """The process name of one replica: the server's name for a single replica, else `name[i]`."""
     return name if replicas == 1 else f"{name}[{index}]"
@@ -103,7 +113,7 @@ class Stack:
                     self.processes[process_name] = subprocess.Popen(
                         [self.python, "-m", "rollgym.stack.serve", stack_file, name, "--fd", str(fd), "--replica", str(index)],
                         pass_fds=(fd,),
-                        preexec_fn=die_with_parent if os.name == "posix" else None,  # SIGTERM if the launcher dies
+                        preexec_fn=_in_child if os.name == "posix" else None,
                     )
             for sock in self._sockets.values():
                 sock.close()  # the children hold their copies
@@ -251,12 +261,10 @@ class ForkedServer:
         if pid == 0:  # the child: serve, never return into the launcher's code
             code = 1
             try:
-                die_with_parent()
+                _in_child()
                 for other in all_sockets:
                     if other is not sock:
                         other.close()
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 from .serve import run_server
 
                 code = run_server(stack, name, sock.fileno(), replica)

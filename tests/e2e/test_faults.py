@@ -40,6 +40,7 @@ from rollgym.config import ServerSpec, StackConfig
 from rollgym.schema import FAILURE_STATUSES, POLICY_STATUSES
 from rollgym.sessions import SESSION_COOKIE
 from rollgym.testing import REPO_ROOT, scripted_backend, serve_in_thread
+from tests.conftest import start_rollgym, stop_rollgym
 
 WEATHER_YAML = str(REPO_ROOT / "resources_servers/weather/configs/weather.yaml")
 CHAT_YAML = str(REPO_ROOT / "models/chat_completions/configs/chat_completions.yaml")
@@ -98,10 +99,9 @@ def rollgym_run(tmp: Path, backend_url: str, *overrides: str, timeout_s: float =
     registry = tmp / f"registry-{time.monotonic_ns()}.json"
     stderr_path = registry.with_suffix(".stderr")
     with stderr_path.open("wb") as stderr:
-        process = subprocess.Popen(
-            rollgym_cli("run", WEATHER_YAML, CHAT_YAML, f"policy_model.base_url={backend_url}", "policy_model.model=scripted",
-                        *overrides, "--registry-file", str(registry)),
-            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=stderr,
+        process = start_rollgym(
+            "run", WEATHER_YAML, CHAT_YAML, f"policy_model.base_url={backend_url}", "policy_model.model=scripted",
+            *overrides, "--registry-file", str(registry), stdout=subprocess.DEVNULL, stderr=stderr,
             preexec_fn=(lambda: os.umask(umask)) if umask is not None else None,
         )
     try:
@@ -118,13 +118,7 @@ def rollgym_run(tmp: Path, backend_url: str, *overrides: str, timeout_s: float =
                 time.sleep(0.05)
         yield process, registry, stderr_path
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_rollgym(process, grace_s=20)
 
 
 def collect_cmd(registry: Path, tasks: Path, output: Path, *extra: str) -> list[str]:

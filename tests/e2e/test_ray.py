@@ -6,7 +6,6 @@ to a fresh one, and a rerun adds nothing. A local Ray head on 127.0.0.1 stands i
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ from rollgym.cli import main
 from rollgym.client import registry_from_json
 from rollgym.rollouts.collector import CollectOptions
 from rollgym.testing import REPO_ROOT, scripted_backend
+from tests.conftest import start_rollgym, stop_rollgym
 
 pytestmark = pytest.mark.slow
 
@@ -61,11 +61,10 @@ def ray_stack(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """`rollgym run ... --ray ADDRESS` as a user starts it: weather in two replicas of half a CPU each."""
     registry_file = tmp_path_factory.mktemp("ray-stack") / "stack.json"
     with scripted_backend("--latency-ms", "40") as backend_url:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rollgym.cli", "run", WEATHER, CHAT, f"policy_model.base_url={backend_url}",
-             "policy_model.model=scripted", "weather.replicas=2", "weather.ray_resources.num_cpus=0.5",
-             "--registry-file", str(registry_file), "--ray", ray_address],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        process = start_rollgym(
+            "run", WEATHER, CHAT, f"policy_model.base_url={backend_url}", "policy_model.model=scripted",
+            "weather.replicas=2", "weather.ray_resources.num_cpus=0.5", "--registry-file", str(registry_file),
+            "--ray", ray_address, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
             deadline = time.monotonic() + 120
@@ -76,8 +75,7 @@ def ray_stack(ray_address: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
             time.sleep(0.2)  # the file is written in one call; let it land
             yield registry_file, json.loads(registry_file.read_text())
         finally:
-            process.send_signal(signal.SIGINT)
-            assert process.wait(timeout=60) == 0, process.stdout.read()
+            assert stop_rollgym(process, grace_s=60) == 0, process.stdout.read()
     assert not [name for name in rollgym_actors() if not name.startswith("collector-")], "server actors outlived the stack"
 
 

@@ -5,7 +5,6 @@ and a rerun of the same command resumes with nothing added."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 
 from rollgym.schema import RunResponse
 from rollgym.testing import REPO_ROOT, scripted_backend
+from tests.conftest import start_rollgym, stop_rollgym
 
 KNOWN = [("Paris", ["sunny", "22"]), ("London", ["rainy", "14"]), ("Tokyo", ["cloudy"]), ("Oslo", ["snowy", "-3"])]
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -43,11 +43,10 @@ def running_stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("stack")
     registry = tmp / "registry.json"
     with scripted_backend() as backend_url:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rollgym.cli", "run",
-             "resources_servers/weather/configs/weather.yaml", "models/chat_completions/configs/chat_completions.yaml",
-             f"policy_model.base_url={backend_url}", "policy_model.model=scripted", "--registry-file", str(registry)],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        process = start_rollgym(
+            "run", "resources_servers/weather/configs/weather.yaml", "models/chat_completions/configs/chat_completions.yaml",
+            f"policy_model.base_url={backend_url}", "policy_model.model=scripted", "--registry-file", str(registry),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
             lines = []
@@ -60,8 +59,7 @@ def running_stack(tmp_path_factory):
                 lines.append(process.stdout.readline())
             yield registry, lines
         finally:
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=20)
+            stop_rollgym(process, grace_s=20)
 
 
 def collect(registry: Path, tasks: Path, output: Path, *extra: str) -> subprocess.CompletedProcess:

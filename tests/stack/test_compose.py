@@ -37,6 +37,7 @@ from rollgym.stack.compose import (
 from rollgym.config import ConfigError, load_stack
 from rollgym.stack.serve import build_server
 from rollgym.testing import REPO_ROOT, free_port, scripted_backend
+from tests.conftest import start_rollgym, stop_rollgym
 
 COMPOSE = REPO_ROOT / DEFAULT_COMPOSE_FILE
 OVERRIDE = REPO_ROOT / EXTERNAL_MODEL_FILE
@@ -318,8 +319,7 @@ def test_the_compose_stack_runs_from_its_commands_and_collects(tmp_path: Path) -
                 command = list(service["command"])
                 command[command.index("--port") + 1] = str(ports[key])
                 command[command.index("--host") + 1] = "127.0.0.1"
-                processes[key] = subprocess.Popen([sys.executable, "-m", "rollgym.cli", *command], cwd=REPO_ROOT,
-                                                  env=environment(service), stdout=subprocess.DEVNULL)
+                processes[key] = start_rollgym(*command, env=environment(service), stdout=subprocess.DEVNULL)
             deadline = time.monotonic() + 120
             for key in keys:  # each service's own healthcheck, pointed at its local port
                 probe = project["services"][key]["healthcheck"]["test"][3]
@@ -343,14 +343,13 @@ def test_the_compose_stack_runs_from_its_commands_and_collects(tmp_path: Path) -
                                     env=environment(collect), capture_output=True, text=True, timeout=120)
             assert result.returncode == 0, result.stderr
         finally:
-            for process in processes.values():
-                process.send_signal(signal.SIGTERM)  # `docker compose stop`
-            for process in processes.values():
+            stuck = []
+            for process in processes.values():  # each one, even after one failed to stop
                 try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                    stop_rollgym(process, signal.SIGTERM, grace_s=20)  # `docker compose stop`
+                except AssertionError as exc:
+                    stuck.append(str(exc))
+            assert not stuck, stuck
         assert {key: p.returncode for key, p in processes.items()} == {key: 0 for key in keys}
     rollouts = [json.loads(line) for line in (tmp_path / "reverse_text.jsonl").read_text().splitlines()]
     tasks = (REPO_ROOT / "resources_servers/reverse_text/data/example.jsonl").read_text().splitlines()

@@ -27,6 +27,7 @@ from rollgym.client import (
 from rollgym.config import ConfigError, load_stack
 from rollgym.model import build_response
 from rollgym.testing import REPO_ROOT, scripted_backend
+from tests.conftest import start_rollgym, stop_rollgym
 
 WEATHER = REPO_ROOT / "resources_servers/weather/configs/weather.yaml"
 CHAT = REPO_ROOT / "models/chat_completions/configs/chat_completions.yaml"
@@ -168,10 +169,10 @@ def test_weather_with_three_replicas_collects_correct_rollouts(tmp_path: Path) -
     tasks, output, registry_file = tmp_path / "tasks.jsonl", tmp_path / "rollouts.jsonl", tmp_path / "stack.json"
     tasks.write_text("".join(json.dumps(weather_row(*CITIES[i % len(CITIES)])) + "\n" for i in range(30)))
     with scripted_backend() as backend_url:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rollgym.cli", "run", str(WEATHER), str(CHAT), f"policy_model.base_url={backend_url}",
-             "policy_model.model=scripted", "weather.replicas=3", "--registry-file", str(registry_file)],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        process = start_rollgym(
+            "run", str(WEATHER), str(CHAT), f"policy_model.base_url={backend_url}", "policy_model.model=scripted",
+            "weather.replicas=3", "--registry-file", str(registry_file),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         try:
             deadline = time.monotonic() + 90
@@ -189,8 +190,7 @@ def test_weather_with_three_replicas_collects_correct_rollouts(tmp_path: Path) -
             assert result.returncode == 0, result.stderr
             served = replica_requests(urls)
         finally:
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=30)
+            stop_rollgym(process)
     rollouts = [json.loads(line) for line in output.read_text().splitlines()]
     assert len(rollouts) == 60 and len({r["rollout_id"] for r in rollouts}) == 60
     assert all(r["status"] == "ok" and r["reward"] == 1.0 for r in rollouts)
@@ -229,8 +229,8 @@ def test_a_session_outlives_its_replica_only_with_the_sqlite_store(tmp_path: Pat
         "memory:\n  resources_servers:\n    weather:\n      replicas: 2\n"
     )
     with log.open("w") as output:
-        process = subprocess.Popen([sys.executable, "-m", "rollgym.cli", "run", str(config_file), "--registry-file",
-                                    str(registry_file)], cwd=REPO_ROOT, stdout=output, stderr=subprocess.STDOUT)
+        process = start_rollgym("run", str(config_file), "--registry-file", str(registry_file),
+                                stdout=output, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
         while not registry_file.exists():
@@ -282,5 +282,4 @@ def test_a_session_outlives_its_replica_only_with_the_sqlite_store(tmp_path: Pat
         for name in ("shared", "memory"):
             assert f"exited with code -9; 1 of 2 replicas of '{name}' left" in text, text
     finally:
-        process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=30) == 0, log.read_text()
+        assert stop_rollgym(process) == 0, log.read_text()
