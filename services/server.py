@@ -3,7 +3,7 @@
 Every server gets `GET /health`, a request-body size limit, structured JSON errors (4xx naming the
 field at fault, 500 without a stack trace), signed cookie sessions, optional bearer-token auth
 (required when bound beyond loopback) and a pooled client for calling the other servers by name.
-The app is a `rollgym.hot_path.ServerApp`: routes that take just the request skip FastAPI's
+The app is a `rollgym.server_app.ServerApp`: routes that take just the request skip FastAPI's
 per-request layers, with the same guard, auth and error handlers.
 """
 
@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .client import Registry, ServerClient
 from .errors import ServerStartError, validation_errors
-from .hot_path import ServerApp
+from .server_app import ServerApp
 from .sessions import SESSION_COOKIE, SessionSigner
 
 logger = logging.getLogger("rollgym.server")
@@ -302,7 +302,7 @@ class BaseServer:
 
     def _guard(self, app: Any) -> Any:
         """`app` behind what every request needs: the request guard, and the bearer check when auth is on.
-        (The FastAPI stack gets the same two as middleware; the hot routes, rollgym.hot_path, get them here.)"""
+        (The FastAPI stack gets the same two as middleware; the hot routes, rollgym.server_app, get them here.)"""
         guarded: Any = RequestGuardMiddleware(app, limit=self.config.max_body_bytes)
         if self.config.auth_token:
             guarded = BearerAuthMiddleware(guarded, token=self.config.auth_token, open_prefixes=self.own_auth_prefixes)

@@ -67,12 +67,12 @@ def free_port() -> int:
 # The checkout this package is installed from in editable mode (`pip install -e .`), where the tests run.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The command that runs the scripted backend (options after it: --port, --port-file, --token-info, ...).
-SCRIPTED_BACKEND_COMMAND = (sys.executable, "-m", "rollgym.testing.backend")
+SCRIPTED_BACKEND_COMMAND = (sys.executable, "-m", "rollgym.testing.scripted_vllm")
 
 
 @contextmanager
 def scripted_backend(*flags: str, timeout_s: float = 30.0) -> Iterator[str]:
-    """Run the scripted backend (rollgym.testing.backend, a stand-in for vLLM) as a subprocess; yields its
+    """Run the scripted backend (rollgym.testing.scripted_vllm, a stand-in for vLLM) as a subprocess; yields its
     /v1 base URL. `flags` are its command-line options (`--token-info`, `--latency-ms 40`, ...)."""
     with tempfile.TemporaryDirectory(prefix="rollgym-backend-") as tmp:
         port_file = Path(tmp) / "port"

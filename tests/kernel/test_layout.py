@@ -22,7 +22,7 @@ import pytest
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 WINGS = {"stack", "rollouts", "data", "envkit", "view", "train", "eval", "cli"}
 # Processes of their own, started with `python -m`: the launcher's child and the test backend.
-ARGPARSE_ENTRY_POINTS = {"rollgym.stack.serve", "rollgym.testing.backend"}
+ARGPARSE_ENTRY_POINTS = {"rollgym.stack.serve", "rollgym.testing.scripted_vllm"}
 
 
 def module_name(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""Tests for the scripted backend (rollgym.testing.backend, entry point scripts/scripted_backend.py), run as a
+"""Tests for the scripted backend (rollgym.testing.scripted_vllm, entry point scripts/scripted_backend.py), run as a
 real subprocess on a free port."""
 
 from __future__ import annotations
@@ -336,9 +336,9 @@ async def test_malformed_json_is_400(backend):
 async def test_build_app_in_process():
     from aiohttp.test_utils import TestClient, TestServer
 
-    from rollgym.testing import backend
+    from rollgym.testing import scripted_vllm
 
-    async with TestClient(TestServer(backend.build_app(token_info=True))) as client:
+    async with TestClient(TestServer(scripted_vllm.build_app(token_info=True))) as client:
         resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hey"}]})
         body = await resp.json()
     assert body["choices"][0]["message"]["content"] == "You said: hey"

@@ -1,6 +1,6 @@
 """chat_completions publishes LoRA adapters to every backend of its pool (vLLM's and SGLang's routes).
 
-The backends are the scripted backend (rollgym.testing.backend, a subprocess); loading an adapter
+The backends are the scripted backend (rollgym.testing.scripted_vllm, a subprocess); loading an adapter
 there makes its answers start with `[NAME] `, so each generation shows which weights answered.
 Route shapes checked against the backends' source: vLLM vllm/entrypoints/openai/serving_models.py
 (`LoadLoRAAdapterRequest{lora_name, lora_path, load_inplace}`, 400 for a name already loaded, 404

@@ -1,6 +1,6 @@
 """Scripted OpenAI-compatible backend: a stand-in for vLLM (or SGLang) in tests and benchmarks.
 
-Run: ``python -m rollgym.testing.backend --host 127.0.0.1 --port 0 --port-file PATH
+Run: ``python -m rollgym.testing.scripted_vllm --host 127.0.0.1 --port 0 --port-file PATH
 [--latency-ms 0] [--fail-rate 0.0] [--hang-rate 0.0] [--seed 0] [--token-info]
 [--shape vllm|sglang] [--drift] [--max-model-len 0] [--weight-version V]``.
 With ``--port 0`` a free port is bound and written to ``--port-file`` once listening.
