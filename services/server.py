@@ -9,11 +9,14 @@ per-request layers, with the same guard, auth and error handlers.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import ipaddress
 import logging
 import secrets
+import sys
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, AsyncIterator, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, AsyncIterator, ClassVar
 
 import orjson
 from fastapi import Depends, FastAPI, Request, Response
@@ -25,6 +28,9 @@ from .client import Registry, ServerClient
 from .errors import ServerStartError, validation_errors
 from .server_app import ServerApp
 from .sessions import SESSION_COOKIE, SessionSigner
+
+if TYPE_CHECKING:  # the config layer (yaml, omegaconf) is not a server's to load
+    from .config import ServerSpec
 
 logger = logging.getLogger("rollgym.server")
 
@@ -332,3 +338,17 @@ class BaseServer:
             return JSONBytesResponse(error_body(kind, message), exc.status_code, headers=exc.headers)
 
 
+def load_server_class(spec: ServerSpec) -> type[BaseServer]:
+    """Import a server folder's entrypoint and return the one BaseServer subclass it defines."""
+    if spec.root not in sys.path:
+        sys.path.insert(0, spec.root)
+    module = importlib.import_module(spec.module)
+    classes = [
+        obj for obj in vars(module).values()
+        if inspect.isclass(obj) and issubclass(obj, BaseServer) and obj.__module__ == module.__name__
+        and not inspect.isabstract(obj)
+    ]
+    if len(classes) != 1:
+        names = ", ".join(c.__name__ for c in classes) or "none"
+        raise ServerStartError(f"{spec.role}/{spec.folder}/{spec.entrypoint} must define exactly one server class (found: {names})")
+    return classes[0]

@@ -1,1 +1,2 @@
-"""From rollouts to training data: the JSONL reader, exports, curriculum selection, task preparation."""
+"""From rollouts to training data: the JSONL reader, which agent a row goes to, exports, curriculum
+selection, task preparation."""

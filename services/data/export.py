@@ -24,8 +24,8 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 from ..chat_conversion import ConversionError, responses_to_chat_request
-from ..rollouts.routing import agent_ref_name
 from .jsonl import Report, iter_jsonl
+from .routing import agent_ref_name
 
 FORMATS = ("sft", "dpo", "grpo", "hf")
 HF_FORMATS = ("sft", "dpo", "grpo")

@@ -44,7 +44,7 @@ class Environment:
     @property
     def task_model(self) -> Any:
         if self._task_model is None:
-            from ..stack.serve import load_server_class
+            from ..server import load_server_class
 
             try:
                 self._task_model = load_server_class(self.spec).task_model

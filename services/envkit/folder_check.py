@@ -28,8 +28,8 @@ import orjson
 from ..client import ServerAddress, ServerClient
 from ..data.jsonl import JsonlError, read_jsonl
 from ..config import ROLES, ConfigError, StackConfig, load_stack
+from ..server import load_server_class
 from ..stack.launcher import LaunchError, Stack
-from ..stack.serve import load_server_class
 from ..testing import final_response
 from .packages import installed_environments
 

@@ -34,8 +34,8 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from ..client import ServerCallError, ServerClient
+from ..data.routing import UnknownAgent, agent_for, agent_ref_name, agents_of, check_agent_refs
 from ..statuses import FAILURE_STATUSES, FINAL_STATUSES
-from .routing import UnknownAgent, agent_for, agent_ref_name, agents_of, check_agent_refs
 
 
 def group_id_for(row: Mapping[str, Any], position: int) -> str:

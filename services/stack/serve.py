@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
-import inspect
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,26 +27,10 @@ if TYPE_CHECKING:  # the web stack loads only when a server is built
     from ..server import BaseServer
 
 
-def load_server_class(spec: ServerSpec) -> type[BaseServer]:
-    """Import a server folder's entrypoint and return the one BaseServer subclass it defines."""
-    from ..server import BaseServer
-
-    if spec.root not in sys.path:
-        sys.path.insert(0, spec.root)
-    module = importlib.import_module(spec.module)
-    classes = [
-        obj for obj in vars(module).values()
-        if inspect.isclass(obj) and issubclass(obj, BaseServer) and obj.__module__ == module.__name__
-        and not inspect.isabstract(obj)
-    ]
-    if len(classes) != 1:
-        names = ", ".join(c.__name__ for c in classes) or "none"
-        raise ServerStartError(f"{spec.role}/{spec.folder}/{spec.entrypoint} must define exactly one server class (found: {names})")
-    return classes[0]
-
-
 def build_server(spec: ServerSpec, stack: dict[str, Any]) -> BaseServer:
     """The configured server instance for one entry of a stack file."""
+    from ..server import load_server_class
+
     server_class = load_server_class(spec)
     try:
         config = server_class.config_class.model_validate(spec.options)
@@ -68,6 +50,7 @@ def preload(stack: dict[str, Any]) -> None:
     import uvloop  # noqa: F401
 
     from .. import agent, model, resources  # noqa: F401
+    from ..server import load_server_class
 
     for entry in stack["servers"].values():
         try:
