@@ -93,7 +93,7 @@ class ProxyAgent(AgentServer):
                 from .mcp_tools import McpGateway
             except ImportError as exc:
                 raise ServerStartError(f"serve_mcp needs the mcp package (pip install 'rollgym[agents]'): {exc}") from None
-            self.mcp_gateway = McpGateway(self, self.find_rollout)
+            self.mcp_gateway = McpGateway(self.find_rollout, self.env_tools, self.env_tool_call)
         if isinstance(self.config.agent, VerifiersRunner):
             try:
                 self.config.agent.load()
@@ -335,8 +335,7 @@ class ProxyAgent(AgentServer):
             rollout = self._rollout(request, rollout_id)
             if self.config.resources_server is None:
                 raise BadRequest("this agent has no resources server, so no tools here", field="tools", status=404)
-            reply = await self.client.get(self.config.resources_server.name, "/tools", cookies=rollout.cookies,
-                                          timeout_s=self.config.tool_timeout_s)
+            reply = await self.env_tools(rollout)
             return Response(reply.body, reply.status, media_type="application/json")
 
         @app.post("/rollouts/{rollout_id}/tools/{name}")
@@ -344,6 +343,11 @@ class ProxyAgent(AgentServer):
             rollout = self._rollout(request, rollout_id)
             reply = await self.env_tool_call(rollout, name, await read_json(request))
             return Response(reply.body, reply.status, media_type=reply.headers.get("content-type", "application/json"))
+
+    async def env_tools(self, rollout: Rollout) -> Reply:
+        """The environment's tool list for the agent, as the resources server answers it."""
+        return await self.client.get(self.config.resources_server.name, "/tools", cookies=rollout.cookies,
+                                     timeout_s=self.config.tool_timeout_s)
 
     async def env_tool_call(self, rollout: Rollout, name: str, arguments: Any) -> Reply:
         """A tool call for the agent: its answer relayed as it is (a 4xx is the agent's to read)."""

@@ -7,24 +7,30 @@ OpenAI-compatible endpoint: another rollout's key is refused, so is a call after
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Awaitable, Callable
 
 import orjson
 
-if TYPE_CHECKING:
-    from .app import ProxyAgent, Rollout
+from rollgym.client import Reply
+
+# The agent's side (ProxyAgent in app.py): the rollout a path's id and key open (BadRequest if none),
+# the environment's tool list for it, and one tool call in its environment session.
+FindRollout = Callable[[str, str], Any]
+ListTools = Callable[[Any], Awaitable[Reply]]
+CallTool = Callable[[Any, str, Any], Awaitable[Reply]]
 
 
 class McpGateway:
     """One MCP server for every rollout; the rollout comes from the path and is checked by key."""
 
-    def __init__(self, agent: "ProxyAgent", find_rollout: Callable[[str, str], "Rollout"]) -> None:
+    def __init__(self, find_rollout: FindRollout, list_tools: ListTools, call_tool: CallTool) -> None:
         import mcp_types as types
         from mcp.server.lowlevel import Server
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-        self.agent = agent
         self.find_rollout = find_rollout
+        self.list_tools = list_tools
+        self.call_tool = call_tool
         self.types = types
         server = Server("rollgym-environment", on_list_tools=self._list_tools, on_call_tool=self._call_tool)
         self.manager = StreamableHTTPSessionManager(server, stateless=True, json_response=True)
@@ -36,21 +42,19 @@ class McpGateway:
     async def stop(self) -> None:
         await self._stack.aclose()
 
-    def _rollout(self, ctx: Any) -> "Rollout":
+    def _rollout(self, ctx: Any) -> Any:
         request = ctx.request
         return self.find_rollout(request.path_params.get("rollout_id", ""), request.headers.get("authorization", ""))
 
     async def _list_tools(self, ctx: Any, params: Any) -> Any:
-        rollout = self._rollout(ctx)
-        reply = await self.agent.client.get(self.agent.config.resources_server.name, "/tools", cookies=rollout.cookies,
-                                            timeout_s=self.agent.config.tool_timeout_s)
+        reply = await self.list_tools(self._rollout(ctx))
         tools = [self.types.Tool(name=tool["name"], description=tool.get("description") or "",
                                  input_schema=tool.get("parameters") or {"type": "object"}) for tool in reply.json()]
         return self.types.ListToolsResult(tools=tools)
 
     async def _call_tool(self, ctx: Any, params: Any) -> Any:
         rollout = self._rollout(ctx)
-        reply = await self.agent.env_tool_call(rollout, params.name, params.arguments or {})
+        reply = await self.call_tool(rollout, params.name, params.arguments or {})
         text = reply.text
         if reply.status >= 400:  # unknown tool, bad arguments: for the model to read, as MCP errors are
             try:

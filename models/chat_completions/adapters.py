@@ -22,17 +22,26 @@ process): with vLLM, publish LoRA adapters, or restart it on the new weights.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fastapi import HTTPException
 
 from rollgym.adapters import LoadLoraAdapterRequest
+from rollgym.client import Reply
 from rollgym.server import BadRequest
 
-from .routing import Backend
+from .routing import Backend, BackendPool, BackendUnavailable
 
-if TYPE_CHECKING:
-    from .app import ChatCompletionsModel
+
+class BackendServer(Protocol):
+    """What publishing needs of the model server (ChatCompletionsModel in app.py): its config (`backend`:
+    vllm, sglang or openai), its pool of backends, and one POST to a backend that raises
+    BackendUnavailable when the backend did not answer or answered 5xx."""
+
+    config: Any
+    pool: BackendPool
+
+    async def _post(self, backend: Backend, path: str, body: dict[str, Any], root: bool = False) -> Reply: ...
 
 
 def backend_model(backend_kind: str, base_model: str, lora_name: str) -> str:
@@ -40,11 +49,9 @@ def backend_model(backend_kind: str, base_model: str, lora_name: str) -> str:
     return f"{base_model}:{lora_name}" if backend_kind == "sglang" else lora_name
 
 
-async def call_backend(server: "ChatCompletionsModel", backend: Backend, action: str,
+async def call_backend(server: BackendServer, backend: Backend, action: str,
                        body: dict[str, Any], route: str | None = None) -> dict[str, Any]:
     """POST `/{action}_lora_adapter` (or `route`) to one backend; its result as `{base_url, ok, status, message}`."""
-    from .app import BackendUnavailable
-
     sglang = server.config.backend == "sglang"
     result: dict[str, Any] = {"base_url": backend.url, "ok": False}
     try:
@@ -71,7 +78,7 @@ async def call_backend(server: "ChatCompletionsModel", backend: Backend, action:
     return {**result, "ok": ok, "status": reply.status if reply.ok == ok else 400, "message": message}
 
 
-async def load_everywhere(server: "ChatCompletionsModel", request: LoadLoraAdapterRequest) -> list[dict[str, Any]]:
+async def load_everywhere(server: BackendServer, request: LoadLoraAdapterRequest) -> list[dict[str, Any]]:
     """Load the adapter on every backend; all or none (BadRequest naming each backend that failed)."""
     if server.config.backend == "openai":
         raise BadRequest("backend 'openai' has no runtime LoRA loading; serve the adapter with vLLM or SGLang",
@@ -96,14 +103,14 @@ async def load_everywhere(server: "ChatCompletionsModel", request: LoadLoraAdapt
     raise BadRequest(errors, status=max(statuses) if statuses else 502)
 
 
-async def unload_everywhere(server: "ChatCompletionsModel", lora_name: str) -> list[dict[str, Any]]:
+async def unload_everywhere(server: BackendServer, lora_name: str) -> list[dict[str, Any]]:
     """Unload the adapter from every backend; each backend's result (a backend that lost it reports 404)."""
     body = {"lora_name": lora_name}
     return list(await asyncio.gather(*(call_backend(server, backend, "unload", body)
                                        for backend in server.pool.backends)))
 
 
-async def update_weights_everywhere(server: "ChatCompletionsModel", model_path: str,
+async def update_weights_everywhere(server: BackendServer, model_path: str,
                                     weight_version: str | None) -> list[dict[str, Any]]:
     """Reload full weights from `model_path` on every backend (SGLang); BadRequest naming each that failed."""
     if server.config.backend != "sglang":

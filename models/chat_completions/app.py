@@ -35,7 +35,7 @@ from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
 from .adapters import backend_model, load_everywhere, unload_everywhere, update_weights_everywhere
 from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
-from .routing import Backend, BackendPool
+from .routing import Backend, BackendPool, BackendUnavailable
 
 CONTEXT_ERROR_MARKERS = (
     "maximum context length", "context length", "context_length_exceeded", "too many tokens",
@@ -88,10 +88,6 @@ class ChatCompletionsConfig(ServerConfig):
     @property
     def base_urls(self) -> list[str]:
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
-
-
-class BackendUnavailable(Exception):
-    """A backend did not answer, or answered 5xx: try another one."""
 
 
 @dataclass

@@ -21,6 +21,10 @@ from typing import Any, Iterable
 TAG_LENGTH = 4
 
 
+class BackendUnavailable(Exception):
+    """A backend did not answer, or answered 5xx: try another one."""
+
+
 @dataclass
 class Backend:
     url: str  # the OpenAI-compatible base URL, e.g. http://host:8000/v1
