@@ -2,6 +2,8 @@
 
 - no import circle, and no module imports another's private (`_name`) names;
 - the kernel (the flat modules) imports no wing; nothing imports the command line;
+- a wing imports only the wings of its row in WING_IMPORTS (data flows one way: no arrow back up);
+- no import circle inside a server folder (agents/, models/, resources_servers/);
 - argparse only in rollgym.cli (and the two internal process entry points);
 - `rollgym.cli` and the collector start without the web stack (fastapi, uvicorn, openai);
 - the lazy facade's `_EXPORTS`, `__all__` and TYPE_CHECKING imports agree and every name resolves;
@@ -19,8 +21,25 @@ from pathlib import Path
 
 import pytest
 
-SERVICES = Path(__file__).resolve().parents[2] / "services"
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = REPO / "services"
 WINGS = {"stack", "rollouts", "data", "envkit", "view", "train", "eval", "cli"}
+# The wings each wing may import (besides the kernel). Data flows one way: rollouts -> data -> train,
+# so data/ imports neither the collection (rollouts/) nor the operators (stack/).
+WING_IMPORTS = {
+    "data": set(),
+    "rollouts": {"data"},  # the one JSONL reader, which agent a row goes to
+    "stack": {"rollouts"},  # the Ray collector shards
+    "envkit": {"data", "stack"},  # checks read example rows and start servers
+    "view": {"data", "rollouts"},
+    # eval -> train (the suite reads a train run's config files) goes away: only train imports eval.
+    "eval": {"rollouts", "train"},
+    "train": {"data", "eval", "rollouts", "stack"},
+    "cli": WINGS - {"cli"},  # each command's handler imports its wing
+}
+# Server folders: each is one package whose modules may import each other, without a circle.
+SERVER_FOLDERS = sorted(folder for role in ("agents", "models", "resources_servers")
+                        for folder in (REPO / role).iterdir() if folder.is_dir() and any(folder.rglob("*.py")))
 # Processes of their own, started with `python -m`: the launcher's child and the test backend.
 ARGPARSE_ENTRY_POINTS = {"rollgym.stack.serve", "rollgym.testing.scripted_vllm"}
 
@@ -130,6 +149,65 @@ def test_the_kernel_imports_no_wing_and_nothing_imports_the_cli() -> None:
     assert not wrong
 
 
+def test_wings_import_only_the_wings_of_their_row() -> None:
+    assert set(WING_IMPORTS) == WINGS, "every wing has a row in WING_IMPORTS"
+    wrong = sorted(f"{module} imports {target} ({wing_of(module)} -> {wing_of(target)} is not in WING_IMPORTS)"
+                   for module, targets in edges().items() for target in targets
+                   if wing_of(module) and wing_of(target) not in (None, wing_of(module))
+                   and wing_of(target) not in WING_IMPORTS[wing_of(module)])
+    assert not wrong
+
+
+def folder_edges(folder: Path) -> dict[str, set[str]]:
+    """The imports between one server folder's modules, named relative to the folder (`app`,
+    `tests.test_app`): relative imports and absolute ones through its package (`agents.proxy_agent.app`)."""
+    package = ".".join(folder.relative_to(REPO).parts)
+    modules: dict[str, Path] = {}
+    for path in folder.rglob("*.py"):
+        parts = path.relative_to(folder).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)] = path
+
+    def local(name: str) -> str | None:
+        """The folder's module that `name` (relative to the folder, "" for the folder) is or lies in."""
+        while name:
+            if name in modules:
+                return name
+            name = name.rpartition(".")[0]
+        return "__init__" if "__init__" in modules else None
+
+    graph: dict[str, set[str]] = {module: set() for module in modules}
+    for module, path in modules.items():
+        here = [] if module == "__init__" else module.split(".")[: None if path.name == "__init__.py" else -1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here[: len(here) - (node.level - 1)] if node.level - 1 <= len(here) else None
+                    if base is None:
+                        continue  # above the folder
+                    full = ".".join([package, *base, *([node.module] if node.module else [])])
+                else:
+                    full = node.module or ""
+                # `from . import chat` imports the module chat; `from .app import Rollout`, a name of app
+                names = [f"{full}.{alias.name}" if f"{full}.{alias.name}"[len(package) + 1:] in modules else full
+                         for alias in node.names]
+            else:
+                continue
+            for name in names:
+                if name != package and not name.startswith(package + "."):
+                    continue
+                target = local(name[len(package) + 1:])
+                if target and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+@pytest.mark.parametrize("folder", SERVER_FOLDERS, ids=lambda folder: "/".join(folder.parts[-2:]))
+def test_no_import_circle_inside_a_server_folder(folder: Path) -> None:
+    assert not circles_in(folder_edges(folder))
+
+
 def test_argparse_lives_in_the_cli() -> None:
     users = {module for module in MODULES for _, _, raw in imports_of(module) if raw == "argparse"}
     assert users - ARGPARSE_ENTRY_POINTS == {m for m in users if wing_of(m) == "cli"}
@@ -139,6 +217,9 @@ def test_the_checks_see_imports_and_circles() -> None:
     assert circles_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "rollgym.rollouts.attempts" in edges()["rollgym.rollouts.collector"]  # relative imports are read
     assert "rollgym.client" in edges()["rollgym.rollouts.attempts"]
+    chat_completions = folder_edges(REPO / "models" / "chat_completions")
+    assert {"adapters", "routing"} <= chat_completions["app"]  # relative imports are read
+    assert "app" in chat_completions["tests.test_app"]  # and absolute ones through the folder's package
 
 
 @pytest.mark.parametrize("module", ["rollgym.cli", "rollgym.rollouts.collector"])
