@@ -93,8 +93,8 @@ async def run_plain(registry: dict, tasks: Path, groups: int, args: argparse.Nam
 
 async def run_orchestrator(registry: dict, tasks: Path, trainer_s: float, args: argparse.Namespace,
                            workdir: Path) -> dict:
-    from rollgym.train.orchestrator import Orchestrator
-    from rollgym.train.orchestrator_config import OrchestratorConfig
+    from rollgym.train.orchestrator.orchestrator import Orchestrator
+    from rollgym.train.orchestrator.config import OrchestratorConfig
 
     config = OrchestratorConfig(
         batch_size=args.batch_size, rollouts_per_example=args.rollouts_per_example, max_steps=args.steps,

@@ -196,3 +196,54 @@ async def publish(registry: Mapping[str, Any], action: str, body: dict[str, Any]
         return list(await asyncio.gather(*(one(name, url) for name in names for url in registry[name].urls)))
     finally:
         await client.close()
+
+
+class AdapterRefused(RuntimeError):
+    """A replica did not take an adapter (`status` 0: it did not answer); `loaded` holds the replicas
+    (server, url) that did take it, so a caller can unload it again."""
+
+    def __init__(self, message: str, *, server: str, url: str, status: int,
+                 loaded: list[tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.server, self.url, self.status, self.loaded = server, url, status, loaded
+
+
+async def load_everywhere(registry: Mapping[str, Any], servers: list[str], lora_name: str, lora_path: str, *,
+                          timeout_s: float = 600.0) -> list[str | None]:
+    """Load an adapter under `lora_name` on every replica of `servers` (in place: a name already loaded gets
+    the new weights, as vLLM's `load_inplace`) and return the `model_version` each replica answers with
+    (None where it says none, as vLLM does). Raises AdapterRefused for the first replica that refused it or
+    did not answer. The one hot-load of rollgym: the train loop's apply phase, the orchestrator and
+    `rollgym eval` all load adapters through here."""
+    body = {"lora_name": lora_name, "lora_path": lora_path, "load_inplace": True}
+    replies = await publish(registry, "load", body, servers=servers, timeout_s=timeout_s)
+    loaded = [(reply["server"], reply["url"]) for reply in replies if reply["status"] == 200]
+    for reply in replies:
+        if reply["status"] != 200:
+            how = ("did not answer" if reply["status"] == 0 else f"refused adapter {lora_name!r} ({lora_path}): "
+                   f"HTTP {reply['status']}")
+            raise AdapterRefused(f"{reply['server']} at {reply['url']} {how}: {reply['answer']}",
+                                 server=reply["server"], url=reply["url"], status=reply["status"], loaded=loaded)
+    return [reply["answer"].get("model_version") if isinstance(reply["answer"], dict) else None for reply in replies]
+
+
+def base_card(cards: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The base model's entry of a `GET /v1/models` listing: the card without a parent."""
+    return next((card for card in cards if isinstance(card, dict) and not card.get("parent")), None)
+
+
+async def listed_version(registry: Mapping[str, Any], server: str, name: str | None) -> str | None:
+    """The `model_version` every replica of `server` lists for the adapter `name` (None: the base model's
+    card); None when the replicas disagree, do not answer, or do not say."""
+    versions = set()
+    for reply in await publish(registry, "list", servers=[server], timeout_s=30.0):
+        cards = reply["answer"].get("data", []) if reply["status"] == 200 and isinstance(reply["answer"], dict) else []
+        card = base_card(cards) if name is None else next(
+            (c for c in cards if isinstance(c, dict) and c.get("id") == name), None)
+        versions.add(card.get("model_version") if card else None)
+    return versions.pop() if len(versions) == 1 and None not in versions else None
+
+
+__all__ = ["Adapter", "AdapterRefused", "AdapterRegistry", "LoadLoraAdapterRequest", "UnloadLoraAdapterRequest",
+           "base_card", "content_digest", "listed_version", "load_everywhere", "model_card", "publish",
+           "stamp_version"]

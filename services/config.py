@@ -32,14 +32,14 @@ import importlib.util
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ConfigError
+from .errors import ConfigError, format_location
 
 ROLES = ("models", "resources_servers", "agents")
 # NeMo Gym's names for the same roles.
@@ -214,10 +214,7 @@ def _server_spec(name: str, entry: Any, source: str) -> ServerSpec:
     try:
         ray_resources = RayResources.model_validate(ray_resources).actor_options()
     except ValidationError as exc:
-        error = exc.errors()[0]
-        loc = ".".join(str(part) for part in error.get("loc", ()))
-        message = "unknown option" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
-        raise ConfigError(f"{source}: key '{key}.ray_resources{'.' + loc if loc else ''}': {message}") from None
+        raise ConfigError(key_problems(source, exc, prefix=f"{key}.ray_resources").splitlines()[0]) from None
     root = _find_root(Path(source), role, folder, entrypoint)
     package = ""
     if root is None and role == "resources_servers":
@@ -314,13 +311,50 @@ def _check_references(stack: StackConfig) -> None:
 
 def format_validation_error(exc: ValidationError, spec: ServerSpec) -> str:
     """A server config ValidationError as `file: key 'a.b.c': message` lines."""
+    return key_problems(spec.source, exc, prefix=spec.key_prefix)
+
+
+class StrictModel(BaseModel):
+    """A config section that refuses keys it does not know: a typo is an error naming the key, never a
+    setting silently left at its default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def key_problems(source: str | Path, exc: ValidationError, note: Callable[[str], str] = lambda key: "", *,
+                 prefix: str = "") -> str:
+    """The one phrasing of a config file's validation errors: one `SOURCE: key 'a.b[1].c': message` line per
+    error (the key under `prefix` when the file's section sits there), and `note(key)` after it."""
     lines = []
     for error in exc.errors():
-        loc = ".".join(str(part) for part in error.get("loc", ()))
-        key = f"{spec.key_prefix}.{loc}" if loc else spec.key_prefix
-        message = "unknown option" if error.get("type") == "extra_forbidden" else error.get("msg", "invalid")
-        lines.append(f"{spec.source}: key '{key}': {message}")
+        loc = format_location(error["loc"]) if error["loc"] else ""
+        key = (f"{prefix}.{loc}" if prefix else loc) if loc else (prefix or "(top level)")
+        message = ("unknown option" if error.get("type") == "extra_forbidden"
+                   else str(error.get("msg", "invalid")).removeprefix("Value error, "))
+        lines.append(f"{source}: key '{key}': {message}{note(key)}")
     return "\n".join(lines)
+
+
+def read_mapping(path: Path, kind: str, keys: str) -> dict[str, Any]:
+    """The mapping a YAML (or JSON) file holds; ValueError naming the file when it is missing, a folder,
+    unreadable, not YAML, empty or not a mapping. `kind` names the file ("plan"), `keys` a few of its keys."""
+    article = "an" if kind[0] in "aeiou" else "a"
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, not {article} {kind} file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such {kind} file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read it: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    shape = f"{article} {kind} is a mapping of keys ({keys}, ...)"
+    if data is None:
+        raise ValueError(f"{path}: is empty; {shape}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: {shape}, not a {type(data).__name__}")
+    return data
 
 
 def _omegaconf_message(exc: OmegaConfBaseException) -> str:

@@ -55,7 +55,7 @@ import orjson
 
 from rollgym import RolloutClient
 from rollgym.data.export import prompt_messages
-from rollgym.train.policy import load_gguf_policy
+from rollgym.train.trainers.policy import load_gguf_policy
 
 log = logging.getLogger("rollgym.trl_grpo")
 

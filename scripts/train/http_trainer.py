@@ -10,7 +10,7 @@ a small one):
 
 In a plan (the service's URL is the adapter's argument; PYTHONPATH=scripts/train):
 
-    optimize: {adapter: "http_trainer:HttpTrainer", data: sft, args: {url: "http://trainer:8080", lr: 1.0e-5}}
+    optimize: {trainer: "http_trainer:HttpTrainer", data: sft, args: {url: "http://trainer:8080", lr: 1.0e-5}}
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rollgym.train.trainers import Artefact, JobStatus, TrainConfig, TrainingFailed
+from rollgym.train.trainers.base import Artefact, JobStatus, TrainConfig, TrainingFailed
 
 
 def _call(method: str, url: str, body: Any = None, timeout: float = 30.0) -> Any:

@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from rollgym.train.policy import load_base
+    from rollgym.train.trainers.policy import load_base
 
     rows = [orjson.loads(x) for x in Path(args.rollouts).read_bytes().splitlines() if x.strip()]
     sequences = [r["sequences"][0] for r in rows if r.get("sequences") and len(r["sequences"]) == 1][: args.limit]

@@ -36,8 +36,8 @@ def cmd_orchestrate(args: argparse.Namespace) -> int:
     import os
 
     from ..client import load_registry_file
-    from ..train.orchestrator import Orchestrator, OrchestratorError
-    from ..train.orchestrator_config import load_orchestrator_config
+    from ..train.orchestrator.orchestrator import Orchestrator, OrchestratorError
+    from ..train.orchestrator.config import load_orchestrator_config
 
     if args.poll_s <= 0:
         raise UsageError("--poll-s must be positive")
@@ -81,7 +81,7 @@ def _with_routes(orchestrator: Any, host: str, port: int, **run_options: Any) ->
 
     from ..client import AUTH_TOKEN_ENV
     from ..server import ServerConfig, is_loopback
-    from ..train.step_server import StepServer, listen_socket, run_with_routes
+    from ..train.orchestrator.transports.http import StepServer, listen_socket, run_with_routes
 
     token = os.environ.get(AUTH_TOKEN_ENV) or None
     if token is None and not is_loopback(host):

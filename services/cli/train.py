@@ -22,9 +22,9 @@ def register(commands: Any) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     import yaml
 
-    from ..train.loop import TrainError, TrainLoop
-    from ..train.plan import PlanError, load_plan
-    from ..train.serving import ApplyError
+    from ..train.loop.epochs import TrainError, TrainLoop
+    from ..train.loop.plan import PlanError, load_plan
+    from ..train.loop.apply import ApplyError
     from .common import UsageError
 
     overrides: dict[str, Any] = {}
@@ -42,7 +42,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     except PlanError as exc:
         raise UsageError(str(exc)) from None
     if plan.mode == "async":
-        from ..train.async_loop import AsyncTrainLoop
+        from ..train.loop.async_driver import AsyncTrainLoop
 
         loop = AsyncTrainLoop(plan, progress=not args.no_progress, rewind_to=args.rewind)
     else:

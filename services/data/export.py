@@ -14,7 +14,6 @@ what it answered. docs/data-formats.md describes every format field by field.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 from ..chat_conversion import ConversionError, responses_to_chat_request
+from .advantages import grpo_advantages
 from .jsonl import Report, iter_jsonl
 from .routing import agent_ref_name
 
@@ -210,13 +210,6 @@ def dpo_pairs(group_id: str, candidates: Iterable[DpoCandidate], min_diff: float
     return pairs
 
 
-def advantages(rewards: list[float], eps: float = EPS) -> tuple[float, float, list[float], list[float]]:
-    """(mean, population std, (r − mean)/(std + eps) per reward, r − mean per reward)."""
-    mean = math.fsum(rewards) / len(rewards)
-    std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / len(rewards))
-    return mean, std, [(r - mean) / (std + eps) for r in rewards], [r - mean for r in rewards]
-
-
 @dataclass
 class GrpoMember:
     """What GRPO keeps of one rollout while its group is buffered."""
@@ -246,7 +239,7 @@ def grpo_keeps(rewards: list[float], min_reward_diff: float = 0.0) -> bool:
 def grpo_record(group_id: str, prompt: list[dict[str, Any]], members: list[GrpoMember], eps: float = EPS) -> dict[str, Any]:
     """One GRPO group: its prompt and every rollout's reward, advantage and token sequences."""
     members = sorted(members, key=lambda m: (natural_key(m.rollout_id), m.order))
-    mean, std, normalized, centered = advantages([m.reward for m in members], eps)
+    mean, std, normalized, centered = grpo_advantages([m.reward for m in members], eps)
     return {
         "group_id": group_id,
         "prompt": prompt,
@@ -446,7 +439,6 @@ __all__ = [
     "ExportStats",
     "GrpoMember",
     "RolloutError",
-    "advantages",
     "chat_tools",
     "dpo_candidate",
     "dpo_pairs",

@@ -2,14 +2,18 @@
 
 A line is one JSON object. Blank lines are ignored. A bad line is named by its file and line
 number, with the column inside that line (`tasks.jsonl:7: not valid JSON: unexpected character (column 12)`).
-A write cut short by a kill leaves a last line without its newline: `repair_torn_tail` cuts it.
+A write cut short by a kill leaves a last line without its newline: `repair_torn_tail` cuts it, and
+`read_whole_lines` reads a file that may end in one (it leaves such a line out).
+
+Files that must never be seen half-written (state, manifests, artefacts, rewritten histories) go through
+`write_atomic`: written beside the target, flushed to disk, renamed over it, and the rename made durable.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import orjson
 
@@ -71,6 +75,56 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [line.row for line in iter_jsonl(path)]
 
 
+def read_whole_lines(path: Path) -> list[Any]:
+    """Every line of `path` that is whole JSON, in order; a line torn by a kill (or any other line that is
+    not JSON) is left out, and a missing file reads as no lines. For files this process appends to
+    itself (rollouts, histories), where a torn last line is expected after a kill, not an error."""
+    rows = []
+    if path.is_file():
+        for raw in path.read_bytes().splitlines():
+            if raw.strip():
+                try:
+                    rows.append(orjson.loads(raw))
+                except orjson.JSONDecodeError:
+                    continue
+    return rows
+
+
+def write_jsonl_atomic(path: Path, rows: Iterable[Any]) -> None:
+    """Replace `path` with one JSON line per row, atomically (`write_atomic`)."""
+    write_atomic(path, b"".join(orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for row in rows))
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace `path` with `data` as indented JSON, atomically (`write_atomic`)."""
+    write_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Replace `path` with `data` so that a reader (or a kill) sees the old content or the new, never a part:
+    the bytes go to a temporary file beside it, are flushed to disk, renamed over `path`, and the rename is
+    flushed too (best effort where a folder cannot be opened)."""
+    partial = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with partial.open("wb") as handle:
+        handle.write(data.encode() if isinstance(data, str) else data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(partial, path)
+    fsync_folder(path.parent)
+
+
+def fsync_folder(path: Path) -> None:
+    """Make the renames inside a folder durable (best effort where folders cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def repair_torn_tail(path: Path) -> str | None:
     """Cut a last line that lacks its newline (a write cut short by a kill); returns a note if it did."""
     if not path.exists():
@@ -98,5 +152,6 @@ def truncate(path: Path, size: int) -> None:
         handle.truncate(size)
 
 
-__all__ = ["JsonLine", "JsonlError", "Report", "iter_jsonl", "iter_raw", "parse_object", "read_jsonl",
-           "repair_torn_tail", "truncate"]
+__all__ = ["JsonLine", "JsonlError", "Report", "fsync_folder", "iter_jsonl", "iter_raw", "parse_object",
+           "read_jsonl", "read_whole_lines", "repair_torn_tail", "truncate", "write_atomic", "write_json_atomic",
+           "write_jsonl_atomic"]

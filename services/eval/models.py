@@ -114,14 +114,14 @@ async def resolve_models(registry: Mapping[str, Any], server: str, specs: list[M
     """Look the specs up on the model server and load the adapters; returns the models and the adapter
     names this call loaded (to unload at the end). ModelUnreachable when the server does not answer,
     SuiteError for a name it does not serve or an adapter it refuses."""
-    from ..adapters import publish
+    from ..adapters import AdapterRefused, base_card, load_everywhere
 
     if server not in registry:
         known = [name for name, address in registry.items() if address.role == "models"]
         raise SuiteError(f"--model-server: the stack has no server named {server!r} "
                          f"(model servers: {', '.join(known) or 'none'})")
     listing = await _listing(registry, server)
-    base = next((card["id"] for card in listing if not card.get("parent")), None)
+    base = (base_card(listing) or {}).get("id")
     served = {card["id"]: card for card in listing}
     for spec in specs:  # every name is checked before any adapter is loaded
         if spec.adapter is None and (base if spec.name == BASE else spec.name) not in served:
@@ -136,17 +136,17 @@ async def resolve_models(registry: Mapping[str, Any], server: str, specs: list[M
                 models.append(Model(spec.label, card["id"], card.get("model_version") or card["id"],
                                     card.get("root") if card.get("parent") else None))
                 continue
-            body = {"lora_name": spec.label, "lora_path": str(spec.adapter), "load_inplace": True}
-            replies = await publish(registry, "load", body, servers=[server], timeout_s=600.0)
-            if spec.label not in served and any(reply["status"] == 200 for reply in replies):
+            try:
+                versions = await load_everywhere(registry, [server], spec.label, str(spec.adapter))
+            except AdapterRefused as exc:
+                if spec.label not in served and exc.loaded:
+                    loaded.append(spec.label)
+                if exc.status == 0:
+                    raise ModelUnreachable(str(exc)) from None
+                raise SuiteError(f"--model {spec.label}: {exc}") from None
+            if spec.label not in served:
                 loaded.append(spec.label)
-            for reply in replies:
-                if reply["status"] == 0:
-                    raise ModelUnreachable(f"{server} at {reply['url']} did not answer: {reply['answer']}")
-                if reply["status"] != 200:
-                    raise SuiteError(f"--model {spec.label}: {server} at {reply['url']} refused the adapter "
-                                     f"{spec.adapter}: HTTP {reply['status']}: {reply['answer']}")
-            version = next((r["answer"].get("model_version") for r in replies if isinstance(r["answer"], dict)), None)
+            version = next((v for v in versions if v), None)
             log(f"loaded adapter {spec.adapter} as {spec.label!r} on {server} ({version or 'version not reported'})")
             models.append(Model(spec.label, spec.label, version, str(spec.adapter)))
     except BaseException:

@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
+
+from ..config import StrictModel, key_problems, read_mapping
 
 ROOT = Path(__file__).resolve().parents[2]  # the rollgym checkout: bundled suites and environments
 SUITES_DIR = ROOT / "evals"
@@ -38,17 +40,13 @@ class SuiteError(ValueError):
     """A suite or environment that cannot be run; the message names the file and key, or the name."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StackSection(_Strict):
+class SuiteStackConfig(StrictModel):
     configs: list[str] = Field(default_factory=list, description="model server configs shared by every "
                                                                   "environment (default: the embedded model)")
     overrides: list[str] = Field(default_factory=list, description="key.path=value overrides of the stack")
 
 
-class EnvironmentSection(_Strict):
+class SuiteEnvironmentConfig(StrictModel):
     config: list[str] = Field(min_length=1, description="the environment's server configs (resources server, agent)")
     tasks: str = Field(description="task rows JSONL")
     agent: str | None = Field(default=None, description="the agent the tasks go to (default: the configs' only one)")
@@ -63,10 +61,10 @@ class EnvironmentSection(_Strict):
         return [value] if isinstance(value, str) else value
 
 
-class Suite(_Strict):
+class Suite(StrictModel):
     name: str = ""
     description: str = ""
-    stack: StackSection = Field(default_factory=StackSection)
+    stack: SuiteStackConfig = Field(default_factory=SuiteStackConfig)
     repeats: int = Field(default=4, ge=1, description="rollouts per task")
     limit: int | None = Field(default=None, ge=1, description="the first N tasks of each file")
     pass_threshold: float = Field(default=1.0, description="a reward at or above it is a pass (pass@k)")
@@ -74,11 +72,11 @@ class Suite(_Strict):
     concurrency: int = Field(default=4, ge=1, description="rollouts in flight")
     timeout_s: float = Field(default=600.0, gt=0, description="one attempt of a rollout")
     max_attempts: int = Field(default=2, ge=1, description="tries per rollout on infrastructure failure")
-    environments: dict[str, EnvironmentSection] = Field(min_length=1)
+    environments: dict[str, SuiteEnvironmentConfig] = Field(min_length=1)
 
     @field_validator("environments")
     @classmethod
-    def _names(cls, value: dict[str, EnvironmentSection]) -> dict[str, EnvironmentSection]:
+    def _names(cls, value: dict[str, SuiteEnvironmentConfig]) -> dict[str, SuiteEnvironmentConfig]:
         for name in value:
             if not NAME.match(name):
                 raise ValueError(f"environment name {name!r}: letters, digits, '_', '-' and '.' only")
@@ -130,8 +128,6 @@ def find_suite(name_or_path: str) -> Path:
 
 def load_suite(path: Path) -> Suite:
     """Read and validate a suite file; SuiteError names the file and the key at fault."""
-    from ..train.config_files import key_problems, read_mapping
-
     try:
         data = read_mapping(path, "suite", "environments, repeats, params")
         return Suite.model_validate(data)

@@ -1,27 +1,32 @@
-"""Closing the loop: trainer adapters, curation, the training plan and the epoch loop.
+"""Closing the loop: from collected rollouts to a better model, through three doors.
 
-    rollgym train PLAN.yaml
+    rollgym train PLAN.yaml          (rollgym.cli.train)
+    rollgym orchestrate CONFIG.yaml  (rollgym.cli.orchestrate)
 
-`trainers` (the adapter protocol and `Artefact`), `jobs` (a training step in a child process),
-`trl_trainers` (SFT, DPO and GRPO on TRL + PEFT), `policy` and `gguf_export` (the model a trainer
-trains and the GGUF it serves), `curation` (rollouts → training records), `plan` (the YAML),
-`serving` (the stack and the apply phase), `loop` (the epochs), `plot`; the command is rollgym.cli.train.
-Async RL: `orchestrator` (bounded-staleness step batches), with `orchestrator_config`, `advantages`,
-`mixing` (task sources, dedupe, env ratios), `policy_versions` (hot-loads, model_version → step),
-`steps` (the step-folder transport), `resume`, `step_metrics` and `step_server` (the trainer's HTTP signal).
-Names load on first use: the CLI starts without pydantic, torch or TRL.
+- `loop/`: what `rollgym train` drives: the plan, the epoch phases (collect → curate → optimize → apply →
+  validate), the async driver, the run folder, the guard, history with its tracker and plots.
+- `orchestrator/`: the generation side: task sources, groups and the difficulty filter, bounded staleness,
+  policy versions, step metrics, resume, and the batch transports (step folders, the step server).
+- `trainers/`: the optimize side: the trainer contract, the child-process job, the TRL trainers, rollgym's
+  GRPO trainer (its loss, its long-lived process), the policy loader and the GGUF export.
+
+`loop` may import the other two; `orchestrator` and `trainers` import neither each other nor `loop`.
+All three import the kernel and `data/` (advantages, records, JSONL). Names load on first use: the CLI
+starts without pydantic, torch or TRL.
 """
 
 import importlib
 from typing import Any
 
 _EXPORTS = {
-    "Artefact": ".trainers", "RemoteTrainer": ".trainers", "TrainConfig": ".trainers", "Trainer": ".trainers",
-    "TrainingFailed": ".trainers", "TrainingJob": ".trainers", "SubprocessJob": ".jobs", "CurateConfig": ".curation",
-    "curate": ".curation", "Plan": ".plan", "PlanError": ".plan", "load_plan": ".plan", "TrainLoop": ".loop",
-    "TrainError": ".loop", "Orchestrator": ".orchestrator", "OrchestratorError": ".orchestrator",
-    "OrchestratorConfig": ".orchestrator_config", "Batch": ".steps", "StepFolders": ".steps",
-    "StepServer": ".step_server",
+    "Artefact": ".trainers.base", "RemoteTrainer": ".trainers.base", "TrainConfig": ".trainers.base",
+    "Trainer": ".trainers.base", "TrainingFailed": ".trainers.base", "TrainingJob": ".trainers.base",
+    "SubprocessJob": ".trainers.jobs", "CurateConfig": ".loop.curation", "curate": ".loop.curation",
+    "Plan": ".loop.plan", "PlanError": ".loop.plan", "load_plan": ".loop.plan", "TrainLoop": ".loop.epochs",
+    "TrainError": ".loop.epochs", "AsyncTrainLoop": ".loop.async_driver", "Orchestrator": ".orchestrator.orchestrator",
+    "OrchestratorError": ".orchestrator.orchestrator", "OrchestratorConfig": ".orchestrator.config",
+    "Batch": ".orchestrator.transports.folders", "StepFolders": ".orchestrator.transports.folders",
+    "StepServer": ".orchestrator.transports.http",
 }
 
 

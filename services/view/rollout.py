@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.export import advantages
+from ..data.advantages import grpo_advantages
 from .index import environment_of, model_version_of
 from .tokens import Vocabulary
 
@@ -44,7 +44,7 @@ def group_view(group_id: str, rows: list[tuple[int, dict[str, Any]]]) -> dict[st
     mean = std = None
     by_line: dict[int, tuple[float, float]] = {}
     if scored:
-        mean, std, normalized, centered = advantages([float(row["reward"]) for _, row in scored])
+        mean, std, normalized, centered = grpo_advantages([float(row["reward"]) for _, row in scored])
         by_line = {line: (n, c) for (line, _), n, c in zip(scored, normalized, centered)}
     members = []
     for line, row in rows:

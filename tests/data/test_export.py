@@ -27,7 +27,8 @@ from resources_servers.weather.app import WeatherServer
 from rollgym.cli import main
 from rollgym.client import ServerAddress, ServerClient
 from rollgym.rollouts.collector import CollectOptions, Collector
-from rollgym.data.export import DataError, advantages, dpo_candidate, dpo_pairs, export_file, grpo_keeps, sft_record
+from rollgym.data.advantages import grpo_advantages
+from rollgym.data.export import DataError, dpo_candidate, dpo_pairs, export_file, grpo_keeps, sft_record
 from rollgym.schema import RunResponse
 from rollgym.testing import REPO_ROOT, scripted_backend, serve_in_thread
 
@@ -358,7 +359,7 @@ def test_grpo_advantages_numbers_and_missing_sequences(tmp_path: Path) -> None:
 
 
 def test_advantage_helpers() -> None:
-    mean, std, normalized, centered = advantages([2.0, 4.0])
+    mean, std, normalized, centered = grpo_advantages([2.0, 4.0])
     assert (mean, std) == (3.0, 1.0)
     assert normalized == pytest.approx([-1 / (1 + 1e-6), 1 / (1 + 1e-6)], rel=1e-15) and centered == [-1.0, 1.0]
     assert not grpo_keeps([1.0, 1.0]) and grpo_keeps([1.0, 0.9]) and not grpo_keeps([1.0, 0.9], 0.2)

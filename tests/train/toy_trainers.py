@@ -10,7 +10,7 @@ from pathlib import Path
 
 import orjson
 
-from rollgym.train.trainers import Artefact, TrainConfig
+from rollgym.train.trainers.base import Artefact, TrainConfig
 
 
 class CountingTrainer:
@@ -58,8 +58,8 @@ class GgufTrainer:
     def fit(self, dataset: Path, config: TrainConfig) -> Artefact:
         import numpy as np
 
-        from rollgym.train.gguf_export import write_merged_gguf
-        from rollgym.train.policy import bundled_gguf
+        from rollgym.train.trainers.gguf_export import write_merged_gguf
+        from rollgym.train.trainers.policy import bundled_gguf
 
         out = Path(config.output_dir)
         (out / "adapter").mkdir(parents=True, exist_ok=True)

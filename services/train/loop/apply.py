@@ -1,0 +1,135 @@
+"""The apply phase: the stack the loop collects through, and getting an artefact into its policy model.
+
+- `lora`: vLLM's runtime route, which every rollgym model server offers too (`adapters.load_everywhere`):
+  `POST /v1/load_lora_adapter {"lora_name": version, "lora_path": artefact.uri}` on every replica of
+  the policy model; requests then select it with `model: version`. The exact `model_version` the
+  replicas report for it (`name@DIGEST`, from `GET /v1/models`, a digest of the adapter's files) is
+  what every rollout must carry: a rollout sampled from other weights loaded under the same name is
+  stale, and one sampled before a restart that loads the same files again is not.
+- `merged`: the embedded llama.cpp model serves the merged weights as a GGUF of the plan's
+  `serve_dtype` (written by the trainer, `gguf_export.py`); applying restarts the stack's servers on
+  that file. Its model name, the file's stem, is the version the rollouts report. The base model is
+  served the same way (a copy of the bundled GGUF in that precision), so that what is sampled is what
+  the trainer computes, up to that precision (docs/trainers.md).
+- `none`: the served model stays as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from ...adapters import AdapterRefused, listed_version, load_everywhere
+from ...client import load_registry_file
+from ...config import load_stack
+from ...stack.launcher import Stack
+from .plan import Plan
+from ..trainers.base import Artefact
+
+POLICY = "policy_model"  # the model server the agents of a stack name
+
+
+class ApplyError(RuntimeError):
+    """The policy could not be served or an artefact applied; the message says which and why."""
+
+
+class Serving:
+    """Starts (or attaches to) the plan's stack and applies artefacts to its policy model."""
+
+    def __init__(self, plan: Plan, serving_dir: Path) -> None:
+        self.plan = plan
+        self.serving_dir = serving_dir
+        self.stack: Stack | None = None
+        self.registry: dict[str, Any] = {}
+        self.model_path: str | None = None  # merged: the GGUF being served
+        self.version: str | None = None  # what the rollouts must report; None = not known/checked
+        self.lora_loaded: set[str] = set()
+
+    @property
+    def owns_stack(self) -> bool:
+        return bool(self.plan.stack.configs)
+
+    def start(self, model_path: str | None = None, timeout_s: float = 300.0) -> None:
+        stack = self.plan.stack
+        if not self.owns_stack:
+            try:
+                self.registry = load_registry_file(stack.registry_file or "")
+            except ValueError as exc:
+                raise ApplyError(f"stack.registry_file: {exc}") from None
+            return
+        overrides = stack.resolved_overrides(self.plan.seed)
+        if model_path is not None:
+            overrides.append(f"{POLICY}.model_path={model_path}")
+        self.stack = Stack(load_stack(stack.configs, overrides))
+        self.registry = self.stack.start(timeout_s=timeout_s)
+        self.model_path = model_path
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            self.stack.stop()
+            self.stack = None
+
+    def request_params(self) -> dict[str, Any]:
+        """What every collection request adds: the served model's name, which selects a hot-loaded
+        adapter, or the base weights once adapters are loaded (a server answers a request for no
+        known model with its latest adapter)."""
+        name = (self.version or "").rsplit("@", 1)[0]
+        return {"model": name} if name else {}
+
+    def serve_base(self, mode: str, base_model: str) -> None:
+        """Start serving the base model; for `merged`, as a `serve_dtype` copy named policy-base."""
+        if mode != "merged":
+            self.start()
+            if mode == "lora":
+                self.version = asyncio.run(listed_version(self.registry, POLICY, None))
+            return
+        from ..trainers.gguf_export import write_merged_gguf
+        from ..trainers.policy import gguf_of
+
+        try:
+            template = gguf_of(base_model)
+        except FileNotFoundError as exc:
+            raise ApplyError(str(exc)) from None
+        if template is None:
+            raise ApplyError("apply: merged serves GGUF files with the embedded model; base_model must be "
+                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
+        path = self.serving_dir / "policy-base.gguf"
+        if not path.is_file():
+            write_merged_gguf(template, {}, path, self.plan.serve_dtype)
+        self.start(str(path))
+        self.version = path.stem
+
+    def apply(self, artefact: Artefact | None, mode: str) -> float:
+        """Make `artefact` (None: the base model) the served policy; returns the seconds it took."""
+        started = time.perf_counter()
+        if mode == "none":
+            return 0.0
+        if mode == "merged":
+            path = self.serving_dir / "policy-base.gguf" if artefact is None else artefact.serving_uri
+            if not path or not Path(path).is_file():
+                raise ApplyError(f"apply: merged: no GGUF of {artefact.version if artefact else 'the base'} "
+                                 f"at {path} (the trainer writes it with export_gguf)")
+            if str(path) != self.model_path:
+                self.stop()
+                self.start(str(path))
+            self.version = Path(path).stem
+        elif artefact is None:
+            self.version = asyncio.run(listed_version(self.registry, POLICY, None))  # the base model, by its own name
+        else:
+            self.version = asyncio.run(self._load_lora(artefact))
+            self.lora_loaded.add(artefact.version)
+        return time.perf_counter() - started
+
+    async def _load_lora(self, artefact: Artefact) -> str:
+        """Load the adapter on every replica of the policy model; returns the `model_version` they list
+        for it, or its name when replicas disagree."""
+        try:
+            await load_everywhere(self.registry, [POLICY], artefact.version, artefact.uri, timeout_s=120.0)
+        except AdapterRefused as exc:
+            raise ApplyError(f"apply: lora: {exc}") from None
+        return await listed_version(self.registry, POLICY, artefact.version) or artefact.version
+
+
+__all__ = ["ApplyError", "POLICY", "Serving"]

@@ -1,0 +1,70 @@
+"""The optimize phase: a run's trainers, and one step through them.
+
+A run keeps one instance per trainer name: a long-lived one (`grpo`) keeps its process, model and
+optimizer from step to step. A `fit()` trainer runs each step in a child process (`trainers.jobs`), so a
+crash or an out-of-memory kill fails that step with its cause instead of taking the loop down; a
+`RemoteTrainer` submits the step elsewhere. Either way the step's artefact is recorded in its folder
+(`train/artefact.json`), so that a resumed run never trains or submits it again.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ...data.jsonl import write_json_atomic
+from ..trainers.base import Artefact, RemoteTrainer, TrainConfig, load_trainer
+from ..trainers.jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
+from .plan import RL_TRAINERS, OptimizeConfig, Plan, trainer_args
+
+
+class Trainers:
+    """The trainer instances of one run, by name."""
+
+    def __init__(self) -> None:
+        self.instances: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        """The run's instance of a trainer: a long-lived one (grpo) keeps its process across steps."""
+        if name not in self.instances:
+            self.instances[name] = load_trainer(name)
+        return self.instances[name]
+
+    def close(self) -> None:
+        """Stop the run's trainer processes."""
+        for instance in self.instances.values():
+            close = getattr(instance, "close", None)
+            if callable(close):
+                close()
+        self.instances.clear()
+
+    def train(self, name: str, dataset: Path, config: TrainConfig, tick: Callable[[], None] | None = None) -> Artefact:
+        """Run one optimize step through the trainer `name` and record its artefact in the step's folder."""
+        instance = self.get(name)
+        if isinstance(instance, RemoteTrainer):
+            job = instance.submit(dataset, config)
+        else:  # a fit() trainer runs in a child process: its crash fails this step, not the loop
+            job = SubprocessJob.start(name, dataset, config)
+        while tick is not None and job.status() == "running":
+            tick()
+            time.sleep(0.2)
+        artefact = job.wait()
+        folder = Path(config.output_dir)
+        if finished_artefact(folder) is None:  # a remote job leaves nothing here
+            folder.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(folder / ARTEFACT_FILE, artefact.model_dump())
+        return artefact
+
+
+def step_config(plan: Plan, optimize: OptimizeConfig, folder: Path, version: str, number: int,
+                previous: Artefact | None, export_gguf: str = "none") -> TrainConfig:
+    """What the trainer gets for the step of epoch (async: step) `number` whose folder is `folder`."""
+    # A long-lived trainer keeps one seed (its RNG state carries on); a trainer per step gets its own.
+    seed = plan.seed if optimize.trainer in RL_TRAINERS else plan.seed + number
+    return TrainConfig(base_model=plan.base_model, output_dir=str(folder / "train"), version=version,
+                       init_adapter=previous.uri if previous else None, seed=seed, export_gguf=export_gguf,
+                       args=trainer_args(plan, optimize), run_dir=str(Path(plan.output)))
+
+
+__all__ = ["Trainers", "step_config"]

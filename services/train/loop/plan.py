@@ -1,0 +1,459 @@
+"""The training plan: one YAML file, validated with errors that name the key at fault.
+
+    base_model: bundled               # the embedded SmolLM2 GGUF; or a *.gguf file; or a HF model name
+    output: runs/train-weather
+    stack:
+      configs: [resources_servers/weather/configs/weather.yaml]
+      overrides: [policy_model.n_ctx=2048]
+      # registry_file: stack.json     # or use a running stack (then apply: lora only)
+    validation:
+      input: resources_servers/weather/data/validation.jsonl
+      every: 1                        # epochs; the base model is measured at epoch 0
+      repeats: 4
+      params: {temperature: 1.0, max_output_tokens: 64}
+    stages:
+      - name: bootstrap
+        epochs: 1
+        collect: {input: resources_servers/weather/data/train.jsonl, repeats: 4, params: {...}}
+        curate: {min_reward: 1.0, top_k_per_group: 1}
+        optimize: {trainer: trl_sft, args: {learning_rate: 2.0e-4, epochs: 2}}
+        apply: merged
+      - name: grpo
+        epochs: 3
+        ...
+    guard: {max_drop: 0.1, on_violation: stop}
+
+With `mode: async` the plan names an `orchestrator` section (batch_size, rollouts_per_example,
+max_steps, max_async_level, max_off_policy_steps, envs with ratios, difficulty, advantage) and one
+`optimize` section instead of stages; `validation.every` then counts steps (scripts/train/async.yaml).
+
+Relative paths are relative to the current directory, as on the command line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import Field, ValidationError, model_validator
+
+from ...config import StrictModel, import_target, key_problems, read_mapping
+from .curation import CurateConfig
+from ..orchestrator.config import OrchestratorConfig, task_file_problem
+from .tracking import TrackingConfig
+from ..trainers.base import BUILTIN, DATA_KIND
+
+# The trainers that train on the sampling policy's logprobs with rollgym's own objective (grpo_trainer.py).
+RL_TRAINERS = frozenset({"grpo", "trl_grpo"})
+
+
+class PlanError(ValueError):
+    """A plan that cannot be run; the message names the file and the key."""
+
+
+class RunStackConfig(StrictModel):
+    configs: list[str] = Field(default_factory=list, description="server config files of the stack")
+    overrides: list[str] = Field(default_factory=list, description="key.path=value overrides")
+    registry_file: str | None = Field(default=None, description="use a running stack (rollgym run --registry-file)")
+    agent: str | None = Field(default=None, description="which agent of the stack (default: the only one)")
+    concurrency: int = Field(default=8, ge=1, description="rollouts in flight while collecting")
+    timeout_s: float = Field(default=3600.0, gt=0, description="one rollout attempt, collecting and validating")
+    max_attempts: int = Field(default=3, ge=1, description="tries per rollout for infrastructure failures")
+    budget_s: float | None = Field(default=None, gt=0, description="all the attempts of one rollout, waits included")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RunStackConfig":
+        if bool(self.configs) == bool(self.registry_file):
+            raise ValueError("give either configs (start a stack) or registry_file (use a running one)")
+        return self
+
+    def resolved_overrides(self, seed: int) -> list[str]:
+        """The overrides with "{seed}" replaced by the plan's seed (policy_model.seed={seed}: each seed samples anew)."""
+        return [item.replace("{seed}", str(seed)) for item in self.overrides]
+
+
+class CollectConfig(StrictModel):
+    input: str | None = Field(default=None, description="task rows JSONL")
+    levels: list[str] = Field(default_factory=list, description="a difficulty curriculum instead of input: task "
+                              "files from easiest to hardest; the stage moves to the next one after an epoch that "
+                              "reaches advance_at")
+    advance_at: float = Field(default=0.7, description="with levels: the mean reward (advance_on) that moves the "
+                              "stage to the next level")
+    advance_on: Literal["train", "validation"] = Field(default="train", description="with levels: the epoch's reward "
+                                                       "on its level's tasks, or the plan's validation")
+    repeats: int = Field(default=4, ge=1, description="rollouts per task (a group)")
+    limit: int | None = Field(default=None, ge=1, description="use the first N tasks")
+    params: dict[str, Any] = Field(default_factory=dict, description="merged into every responses_create_params")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CollectConfig":
+        if (self.input is None) == (not self.levels):
+            raise ValueError("collect takes input (one task file) or levels (a difficulty curriculum), not both")
+        return self
+
+    @property
+    def files(self) -> list[str]:
+        return self.levels or [self.input or ""]
+
+
+class OptimizeConfig(StrictModel):
+    trainer: str = Field(description=f"one of {', '.join(BUILTIN)}, or an import path 'module:Class'")
+    data: Literal["sft", "preferences", "groups"] | None = Field(
+        default=None, description="what to curate to; default: what the built-in trainer trains on")
+    args: dict[str, Any] = Field(default_factory=dict, description="the trainer's own arguments")
+
+    @model_validator(mode="after")
+    def _known(self) -> "OptimizeConfig":
+        if self.trainer not in BUILTIN and ":" not in self.trainer:
+            raise ValueError(f"unknown trainer {self.trainer!r}: use one of {', '.join(BUILTIN)} or 'module:Class'")
+        if self.data is None:
+            if self.trainer not in DATA_KIND:
+                raise ValueError("say what a custom trainer trains on: data: sft | preferences | groups")
+            self.data = DATA_KIND[self.trainer]  # type: ignore[assignment]
+        if self.trainer in RL_TRAINERS:
+            from ..trainers.grpo_config import GRPOConfig
+
+            try:  # a misspelt argument fails here, not in the trainer after the first collection
+                GRPOConfig.model_validate(self.args)
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"args.{where}: {first['msg']}") from None
+        if self.trainer not in BUILTIN:
+            try:  # a typo fails here, not after the first collection
+                import_target(self.trainer)
+            except ValueError as exc:
+                raise ValueError(f"trainer: {exc}") from None
+        return self
+
+
+class StageConfig(StrictModel):
+    name: str
+    epochs: int = Field(default=1, ge=1)
+    collect: CollectConfig | None = Field(default=None, description="live rollouts through the stack")
+    replay: list[str] = Field(default_factory=list, description="rollouts files (collect-rollouts' or an earlier "
+                                                                "run's) curated with every epoch's live rollouts")
+    curate: CurateConfig = Field(default_factory=CurateConfig)
+    optimize: OptimizeConfig
+    apply: Literal["lora", "merged", "none"] = Field(
+        default="merged", description="lora: hot-load the adapter (POST /v1/load_lora_adapter); merged: serve the "
+                                      "merged weights as a GGUF of serve_dtype (embedded model); none")
+
+    @model_validator(mode="after")
+    def _has_data(self) -> "StageConfig":
+        if self.collect is None and not self.replay:
+            raise ValueError("a stage trains on collect (live rollouts), replay (rollouts files), or both")
+        return self
+
+
+class ValidationConfig(StrictModel):
+    input: str | None = Field(default=None, description="held-out task rows JSONL")
+    suite: str | None = Field(default=None, description="instead of input: an eval suite (`rollgym eval`, a file or "
+                              "a bundled name); each of its environments validates, with the suite's repeats, "
+                              "limit and params, in this run's stack")
+    every: int = Field(default=1, ge=1, description="validate every N epochs (and at epoch 0, the base model)")
+    repeats: int = Field(default=4, ge=1)
+    limit: int | None = Field(default=None, ge=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+    pass_threshold: float = 1.0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ValidationConfig":
+        if (self.input is None) == (self.suite is None):
+            raise ValueError("validation takes input (one task file) or suite (an eval suite), not both")
+        return self
+
+
+class GuardConfig(StrictModel):
+    max_drop: float | None = Field(default=0.1, ge=0.0,
+                                   description="validation reward may fall this far below the best (None: any)")
+    accept: dict[str, float] = Field(
+        default_factory=dict, description="validation metric -> the least value an epoch's model must reach to be "
+                                          "kept, e.g. {mean_reward: 0.5, pass@4: 0.8}")
+    on_violation: Literal["stop", "continue"] = "stop"
+
+    @model_validator(mode="after")
+    def _known_metrics(self) -> "GuardConfig":
+        unknown = [name for name in self.accept if name != "mean_reward" and not re.fullmatch(r"pass@\d+", name)]
+        if unknown:
+            raise ValueError(f"accept: unknown metric {unknown[0]!r}: use mean_reward or pass@K")
+        return self
+
+
+class CheckpointConfig(StrictModel):
+    keep_last: int | None = Field(default=None, ge=1, description="keep the weights and trainer state of the last N "
+                                  "steps (and the applied and best ones); None: all")
+    every: int | None = Field(default=None, ge=1, description="also keep every Nth step's weights (merged GGUF "
+                              "included), to rewind to (`rollgym train --rewind N`)")
+
+
+class Plan(StrictModel):
+    base_model: str = "bundled"
+    output: str
+    seed: int = 0
+    serve_dtype: Literal["f16", "f32", "q8_0"] = Field(default="f16", description="GGUF precision of apply: merged")
+    stack: RunStackConfig
+    validation: ValidationConfig | None = None
+    mode: Literal["epochs", "async"] = Field(
+        default="epochs", description="epochs: collect then train, stage by stage; async: the orchestrator streams "
+                                      "step batches while the trainer steps (docs/trainers.md)")
+    stages: list[StageConfig] = Field(default_factory=list, description="mode: epochs")
+    orchestrator: OrchestratorConfig | None = Field(default=None, description="mode: async")
+    optimize: OptimizeConfig | None = Field(default=None, description="mode: async: the trainer of every step")
+    guard: GuardConfig | None = None
+    checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig,
+                                      description="where history's numbers also go: tensorboard (default), wandb, none")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Plan":
+        if self.mode == "epochs" and (not self.stages or self.orchestrator or self.optimize):
+            raise ValueError("mode: epochs runs stages (at least one), without orchestrator or optimize")
+        if self.mode == "async" and (self.stages or not self.orchestrator or not self.optimize):
+            raise ValueError("mode: async needs orchestrator and optimize, and takes no stages")
+        if self.mode == "async" and self.guard is not None and self.guard.on_violation != "stop":
+            raise ValueError("guard.on_violation: an async run's guard can only stop it (generation runs ahead on "
+                             "the newest weights: there is no rolling back and going on)")
+        names = [stage.name for stage in self.stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be distinct: {names}")
+        if self.guard is not None and self.validation is None:
+            raise ValueError("a guard needs a validation section (it compares validation rewards)")
+        modes = {stage.apply for stage in self.stages} - {"none"}
+        if len(modes) > 1:
+            raise ValueError(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
+        if "merged" in modes and self.stack.registry_file:
+            raise ValueError("apply: merged restarts the stack's servers on the merged GGUF, so it needs "
+                             "stack.configs; with stack.registry_file use apply: lora or none")
+        if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
+            raise ValueError("apply: merged serves GGUF files with the embedded model; base_model must be "
+                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
+        for problem in self._sampling_problems():
+            raise ValueError(problem)
+        return self
+
+    def _sampling_problems(self) -> list[str]:
+        """An RL trainer computes the logprobs of the distribution that was sampled: its temperature must be
+        the collection's, and top-p/top-k truncation (which it cannot rebuild) is refused, by key."""
+        pairs: list[tuple[str, dict[str, Any], str, OptimizeConfig]] = [
+            (f"stages[{i}].collect.params", stage.collect.params, f"stages[{i}].optimize", stage.optimize)
+            for i, stage in enumerate(self.stages) if stage.collect is not None]
+        if self.orchestrator is not None and self.optimize is not None:
+            pairs += [(f"orchestrator.envs[{i}].params", env.params, "optimize", self.optimize)
+                      for i, env in enumerate(self.orchestrator.envs)]
+        problems = []
+        for where, params, optimize_key, optimize in pairs:
+            if optimize.trainer not in RL_TRAINERS:
+                continue
+            sampled = float(params.get("temperature", 1.0))
+            trained = optimize.args.get("temperature")
+            if trained is not None and float(trained) != sampled:
+                problems.append(f"{optimize_key}.args.temperature {trained} disagrees with {where}.temperature "
+                                f"{sampled}: the trainer must compute the logprobs of the distribution that was sampled")
+            if float(params.get("top_p", 1.0)) < 1.0 or int(params.get("top_k") or 0) > 0:
+                problems.append(f"{where}: top_p/top_k truncate the sampling distribution, which {optimize.trainer} "
+                                "cannot rebuild; collect with top_p 1 and no top_k")
+        return problems
+
+    def epochs(self) -> list[tuple[int, StageConfig]]:
+        """(epoch number from 1, its stage) for every training epoch of the plan."""
+        out: list[tuple[int, StageConfig]] = []
+        for stage in self.stages:
+            out.extend((len(out) + 1, stage) for _ in range(stage.epochs))
+        return out
+
+
+def trainer_args(plan: Plan, optimize: OptimizeConfig) -> dict[str, Any]:
+    """The trainer's arguments as it gets them: for an RL trainer, with `total_steps` (the LR
+    schedule's length) filled in from the plan when it does not give one."""
+    args = dict(optimize.args)
+    if optimize.trainer not in RL_TRAINERS or args.get("total_steps"):
+        return args
+    per_step = args.get("groups_per_step")
+    passes = float(args.get("epochs", 1.0))
+    updates = int(args.get("mini_batches", 1))
+
+    def steps(groups: int) -> int:
+        return max(1, math.ceil(passes * math.ceil(groups / (per_step or groups)))) * updates
+
+    if plan.orchestrator is not None:
+        total = steps(plan.orchestrator.batch_size // plan.orchestrator.rollouts_per_example) * (
+            plan.orchestrator.max_steps or 0)
+    else:
+        total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.files[0]))
+                    for stage in plan.stages if stage.optimize is optimize and stage.collect is not None)
+    if total:
+        args["total_steps"] = total
+    return args
+
+
+def _task_count(path: str) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return max(1, sum(1 for line in handle if line.strip()))
+    except OSError:
+        return 1
+
+
+def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Plan:
+    """Read and validate a plan file, with `overrides` ({"seed": 1, "stack.concurrency": 2}: dotted keys
+    reach into sections) applied; then check the files it names. PlanError names the file and the key."""
+    path = Path(path)
+    try:
+        data = read_mapping(path, "plan", "base_model, output, stack, stages")
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    for note in renamed_keys(data):
+        print(f"rollgym: {path}: {note}", file=sys.stderr)
+    for key, value in (overrides or {}).items():
+        _override(data, key, value)
+    try:
+        plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        def origin(key: str) -> str:
+            return next((f" (set by the override of {name!r})" for name in overrides or {}
+                         if key == name or key.startswith((f"{name}.", f"{name}[")) or name.startswith(f"{key}.")), "")
+
+        raise PlanError(key_problems(path, exc, origin)) from None
+    try:
+        validation_environments(plan)  # the suite read and checked once here, where its errors get a key
+        add_suite_environments(plan)
+    except ValueError as exc:
+        raise PlanError(f"{path}: key 'validation.suite': {exc}") from None
+    problems = [f"{path}: key '{key}': {message}" for key, message in file_problems(plan)]
+    if problems:
+        raise PlanError("\n".join(problems))
+    return plan
+
+
+def renamed_keys(data: dict[str, Any]) -> list[str]:
+    """Rename the keys a plan (or a run's saved plan.json) may still use by an older name, in place; a note
+    for each: `optimize.adapter` is `optimize.trainer` now ("adapter" names LoRAs only)."""
+    notes = []
+    sections = [("optimize", data.get("optimize"))] + [
+        (f"stages[{i}].optimize", stage.get("optimize")) for i, stage in enumerate(data.get("stages") or [])
+        if isinstance(stage, dict)]
+    for where, section in sections:
+        if isinstance(section, dict) and "adapter" in section and "trainer" not in section:
+            section["trainer"] = section.pop("adapter")
+            notes.append(f"key '{where}.adapter' is now '{where}.trainer'; the old name is still read, rename it")
+    return notes
+
+
+_KEY_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+def _key_path(key: str) -> list[str | int]:
+    """"stages[1].collect.input" -> ["stages", 1, "collect", "input"]; PlanError for anything else."""
+    path: list[str | int] = []
+    for part in key.split("."):
+        match = _KEY_PART.match(part)
+        if match is None:
+            raise PlanError(f"override {key!r}: a key is a plan key, or section.key, with [N] for a list item "
+                            "(e.g. seed, stack.concurrency, stages[0].collect.input)")
+        path.append(match.group(1))
+        path.extend(int(index) for index in re.findall(r"\[(\d+)\]", match.group(2)))
+    return path
+
+
+def _override(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` ("seed", "stack.concurrency" inside a section, "stages[1].epochs" inside a list item)
+    of a plan's raw mapping to `value`."""
+    path = _key_path(key)
+    if path[0] not in Plan.model_fields:
+        raise PlanError(f"override {key!r}: the plan has no key {path[0]!r} (keys: {', '.join(Plan.model_fields)})")
+    node: Any = data
+    for depth, part in enumerate(path[:-1]):
+        where = _dotted(path[: depth + 1])
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                size = len(node) if isinstance(node, list) else 0
+                raise PlanError(f"override {key!r}: '{where}' is not there (the list has {size} items)")
+        elif node.get(part) is None:
+            node[part] = {}
+        child = node[part]
+        if not isinstance(child, (dict, list)) or isinstance(path[depth + 1], int) != isinstance(child, list):
+            kind = "a list" if isinstance(path[depth + 1], int) else "a section of keys"
+            raise PlanError(f"override {key!r}: '{where}' is not {kind}")
+        node = child
+    last = path[-1]
+    if isinstance(last, int) and (not isinstance(node, list) or last >= len(node)):
+        raise PlanError(f"override {key!r}: '{_dotted(path)}' is not there")
+    node[last] = value
+
+
+def _dotted(path: list[str | int]) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else part) for i, part in enumerate(path))
+
+
+def file_problems(plan: Plan) -> list[tuple[str, str]]:
+    """(key, what is wrong) for each file or folder the plan names that is missing or of the wrong kind,
+    so that a mistake is reported before a stack starts or the output folder is claimed."""
+    from ...client import load_registry_file
+    from ...config import ConfigError, load_stack
+
+    problems: list[tuple[str, str]] = []
+    output = Path(plan.output)
+    if output.exists() and not output.is_dir():
+        problems.append(("output", f"{output} is a file; a run's output is a folder"))
+    if plan.base_model.endswith(".gguf") and not Path(plan.base_model).is_file():
+        problems.append(("base_model", f"no such GGUF file: {plan.base_model}"))
+    inputs = [(f"stages[{i}].collect.{'levels[' + str(j) + ']' if stage.collect.levels else 'input'}", file)
+              for i, stage in enumerate(plan.stages) if stage.collect is not None
+              for j, file in enumerate(stage.collect.files)]
+    problems += [(f"stages[{i}].replay[{j}]", f"no such rollouts file: {file}") for i, stage in enumerate(plan.stages)
+                 for j, file in enumerate(stage.replay) if not Path(file).is_file()]
+    if plan.validation is not None and plan.validation.input is not None:
+        inputs.append(("validation.input", plan.validation.input))
+    if plan.orchestrator is not None:
+        inputs += [(f"orchestrator.envs[{i}].input", env.input) for i, env in enumerate(plan.orchestrator.envs)]
+    problems += [(key, problem) for key, file in inputs if (problem := task_file_problem(file))]
+    stack = plan.stack
+    try:
+        if stack.registry_file:
+            servers = list(load_registry_file(stack.registry_file))
+        else:
+            servers = list(load_stack(stack.configs, stack.resolved_overrides(plan.seed)).servers)
+    except (ValueError, ConfigError) as exc:
+        problems.append(("stack.registry_file" if stack.registry_file else "stack", str(exc)))
+    else:
+        if stack.agent is not None and stack.agent not in servers:
+            problems.append(("stack.agent", f"the stack has no server named {stack.agent!r} ({', '.join(servers)})"))
+        problems += [("validation.suite", f"environment {env.name!r}: the stack has no agent {env.agent!r}")
+                     for env in validation_environments(plan) if env.agent not in servers]
+    return problems
+
+
+def validation_environments(plan: Plan) -> list[Any]:
+    """The environments of the plan's validation suite (none without one), every path resolved."""
+    if plan.validation is None or plan.validation.suite is None:
+        return []
+    from ...eval.suite import find_suite, load_suite, suite_environments
+
+    source = find_suite(plan.validation.suite)
+    return suite_environments(load_suite(source), source)
+
+
+def add_suite_environments(plan: Plan) -> None:
+    """A stack the loop starts also serves the validation suite's environments (their configs after the
+    plan's; the suite's overrides before the plan's, so the plan's win). SuiteError (a ValueError) names
+    what is wrong with the suite."""
+    if plan.validation is None or plan.validation.suite is None or not plan.stack.configs:
+        return
+    from ...eval.suite import find_suite, load_suite
+
+    suite = load_suite(find_suite(plan.validation.suite))
+    have = {str(Path(item).resolve()) for item in plan.stack.configs}
+    for env in validation_environments(plan):
+        for config in env.configs:
+            if str(config.resolve()) not in have:
+                plan.stack.configs.append(str(config))
+                have.add(str(config.resolve()))
+    plan.stack.overrides[:0] = [item for item in suite.stack.overrides if item not in plan.stack.overrides]
+
+
+__all__ = ["CollectConfig", "GuardConfig", "OptimizeConfig", "Plan", "PlanError", "RL_TRAINERS", "RunStackConfig",
+           "StageConfig", "ValidationConfig", "file_problems", "load_plan", "renamed_keys", "trainer_args", "validation_environments"]

@@ -1,0 +1,246 @@
+"""The output folder of a `rollgym train` run: its layout, and every read and write of it.
+
+    OUTPUT/plan.json              the validated plan the run started with
+    OUTPUT/state.json             the applied, last and best artefacts, curriculum levels, whether it stopped
+    OUTPUT/history.jsonl          one line per finished epoch (async: step); epoch 0: the base model's validation
+    OUTPUT/reward.png, steps.png  drawn from history.jsonl (history.py)
+    OUTPUT/serving/               the GGUF the embedded model serves (apply: merged)
+    OUTPUT/epoch-NNN/             (async: step-NNN/) phases.json (each finished phase's result: not redone),
+                                  rollouts.jsonl, curated.jsonl, train/ (artefact.json, adapter/, train.log),
+                                  validation*.jsonl, and state.json: the run's state as the epoch finished
+    OUTPUT/orchestrator/          async: the orchestrator's history.jsonl, failures.jsonl and steps/
+    OUTPUT/rewound/<when>/        what `--rewind N` moved aside
+
+Killing the command and running it again continues where it stopped: the plan must be the same (but for
+`RESUMABLE_CHANGES`), a history line torn by the kill is dropped, and the state is read back.
+
+`rollgym train PLAN --rewind N` continues from the end of an earlier epoch (or async step): it restores
+the state saved in that epoch's folder, keeps history.jsonl up to N, and moves what came after (later epoch
+folders, their history lines, an async run's later orchestrator steps) into `OUTPUT/rewound/<when>/`:
+nothing is deleted, and the same command then trains on from epoch N's weights, trainer state included.
+An epoch whose weights were pruned (`checkpoints.keep_last`) cannot be rewound to; `checkpoints.every`
+keeps every Nth one for that. If the best model as of epoch N was pruned since, the guard starts over from
+N (it compares with later epochs only).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import orjson
+
+from ...data.jsonl import read_whole_lines, write_atomic, write_json_atomic, write_jsonl_atomic
+from ..trainers.jobs import ARTEFACT_FILE
+from .errors import TrainError
+from .plan import renamed_keys
+
+STATE_FILE = "state.json"
+HISTORY_FILE = "history.jsonl"
+PLAN_FILE = "plan.json"
+
+# What a resumed run may change: how rollouts are retried and filtered, how the run is guarded,
+# tracked and pruned; never what the steps already taken trained on or toward.
+RESUMABLE_CHANGES = ("stack.concurrency", "stack.timeout_s", "stack.max_attempts", "stack.budget_s",
+                     "orchestrator.difficulty", "orchestrator.max_drops_per_step", "orchestrator.concurrency",
+                     "orchestrator.timeout_s", "orchestrator.max_attempts", "orchestrator.budget_s",
+                     "guard", "tracking", "checkpoints")
+
+
+class RunFolderError(TrainError):
+    """The output folder cannot hold this run, or cannot be rewound; the message says why."""
+
+
+class RewindError(RunFolderError):
+    """The run cannot be rewound to that point; the message says why and which points it can."""
+
+
+def read_json(path: Path, default: Any) -> Any:
+    return orjson.loads(path.read_bytes()) if path.is_file() else default
+
+
+def _what_is_trained(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan's dump without the keys a resumed run may change."""
+    kept = {key: dict(value) if isinstance(value, dict) else value for key, value in plan.items()}
+    for dotted in RESUMABLE_CHANGES:
+        section, _, key = dotted.partition(".")
+        if not key:
+            kept.pop(section, None)
+        elif isinstance(kept.get(section), dict):
+            kept[section].pop(key, None)
+    return kept
+
+
+def _weights(*artefacts: dict[str, Any] | None) -> list[str]:
+    """The files of artefacts' weights (local ones)."""
+    paths = []
+    for artefact in artefacts:
+        for key in ("uri", "serving_uri"):
+            uri = (artefact or {}).get(key)
+            if uri and "://" not in uri:  # a remote job's uri is not ours to check
+                paths.append(uri)
+    return paths
+
+
+class RunFolder:
+    """One run's output folder; `unit` is what its history counts ("epoch", or "step" in async mode)."""
+
+    def __init__(self, root: Path, unit: str) -> None:
+        self.root = root
+        self.unit = unit
+        self.state_path = root / STATE_FILE
+        self.history_path = root / HISTORY_FILE
+
+    def unit_dir(self, number: int) -> Path:
+        """The folder of an epoch (of a step, in async mode)."""
+        return self.root / f"{self.unit}-{number:03d}"
+
+    def holds_other_files(self) -> bool:
+        """The folder exists with files in it but no plan.json: not a run to continue."""
+        return not (self.root / PLAN_FILE).is_file() and self.root.is_dir() and any(self.root.iterdir())
+
+    # ------------------------------------------------------------------ the plan
+
+    def claim(self, plan: dict[str, Any]) -> None:
+        """Make the folder this plan's: new, or a run of the same plan to continue (a history line torn by
+        a kill is dropped). RunFolderError when it is a file or holds a run of another plan."""
+        if self.root.exists() and not self.root.is_dir():
+            raise RunFolderError(f"output: {self.root} is a file; a run's output is a folder")
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "serving").mkdir(exist_ok=True)
+        saved = read_json(self.root / PLAN_FILE, None)
+        if saved is not None:
+            renamed_keys(saved)  # a run started before a key was renamed is the same plan
+        if saved is not None and _what_is_trained(saved) != _what_is_trained(plan):
+            changed = sorted(k for k in set(saved) | set(plan)
+                             if _what_is_trained({k: saved.get(k)}) != _what_is_trained({k: plan.get(k)}))
+            raise RunFolderError(f"{self.root} holds a run of another plan (keys differ: {', '.join(changed)}); "
+                                 "use another output folder (a resumed run may change only "
+                                 f"{', '.join(RESUMABLE_CHANGES)})")
+        write_json_atomic(self.root / PLAN_FILE, plan)
+        self.drop_torn_history()
+
+    # ------------------------------------------------------------------ state and history
+
+    def read_state(self) -> dict[str, Any]:
+        return read_json(self.state_path, {"applied": None, "best": None, "last": None, "stopped": None})
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        write_json_atomic(self.state_path, state)
+
+    def history(self) -> list[dict[str, Any]]:
+        return read_whole_lines(self.history_path)
+
+    def append_history(self, line: dict[str, Any], state: dict[str, Any]) -> None:
+        """Finish an epoch (step): the run's state saved in its folder (what `--rewind` restores), then its
+        line appended to history.jsonl and flushed to disk."""
+        folder = self.unit_dir(int(line["epoch"]))
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(folder / STATE_FILE, state)
+        with self.history_path.open("ab") as handle:
+            handle.write(orjson.dumps(line) + b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def drop_torn_history(self) -> None:
+        """A line cut short by a kill would swallow the next one appended after it: keep whole lines only."""
+        if not self.history_path.is_file():
+            return
+        whole = self.history()
+        if b"".join(orjson.dumps(line) + b"\n" for line in whole) != self.history_path.read_bytes():
+            write_jsonl_atomic(self.history_path, whole)
+
+    # ------------------------------------------------------------------ rewinding
+
+    def _unrestorable(self, number: int) -> str | None:
+        """Why the state saved in a finished epoch's folder cannot be restored (None: it can)."""
+        saved = self.unit_dir(number) / STATE_FILE
+        if not saved.is_file():
+            return f"{saved} is missing (the run predates rewinding)"
+        state = orjson.loads(saved.read_bytes())
+        gone = [path for path in _weights(state.get("applied"), state.get("last")) if not Path(path).exists()]
+        return f"its weights {gone[0]} were pruned (checkpoints.keep_last)" if gone else None
+
+    def rewind(self, to: int, log: Callable[[str], None] = print) -> Path:
+        """Rewind the run to the end of its epoch (step) `to`; the folder that now holds what came after it."""
+        unit = self.unit
+        history = self.history()
+        finished = sorted({int(line["epoch"]) for line in history if "epoch" in line})
+        if to not in finished:
+            shown = f"{finished[0]}..{finished[-1]}" if finished else "none"
+            raise RewindError(f"{self.root}: {unit} {to} is not a finished {unit} of this run (finished: {shown})")
+        problem = self._unrestorable(to)
+        if problem is not None:
+            possible = [n for n in finished if self._unrestorable(n) is None]
+            raise RewindError(f"cannot rewind to {unit} {to}: {problem}; {unit}s it can rewind to: "
+                              f"{', '.join(map(str, possible)) or 'none'}")
+        aside = self.root / "rewound" / f"after-{unit}-{to:03d}-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir(parents=True)
+        moved = 0
+        pattern = re.compile(rf"^{unit}-(\d+)$")
+        for path in sorted(self.root.iterdir()):
+            match = pattern.match(path.name)
+            if match and int(match.group(1)) > to:
+                shutil.move(str(path), aside / path.name)
+                moved += 1
+        steps = self.root / "orchestrator" / "steps"  # an async run's published batches after the step
+        if steps.is_dir():
+            for path in sorted(steps.iterdir()):
+                match = re.match(r"^\.?step_(\d+)(\.tmp)?$", path.name)
+                if match and int(match.group(1)) > to:
+                    (aside / "orchestrator-steps").mkdir(exist_ok=True)
+                    shutil.move(str(path), aside / "orchestrator-steps" / path.name)
+        kept = [line for line in history if int(line.get("epoch", 0)) <= to]
+        later = [line for line in history if int(line.get("epoch", 0)) > to]
+        write_jsonl_atomic(aside / HISTORY_FILE, later)
+        write_jsonl_atomic(self.history_path, kept)
+        state = orjson.loads((self.unit_dir(to) / STATE_FILE).read_bytes())
+        state["stopped"] = None
+        best = (state.get("best") or {}).get("artefact")
+        if any(not Path(path).exists() for path in _weights(best)):
+            # Pruned since (checkpoints.every keeps the step, not an older best): the guard starts over here.
+            log(f"the best model as of {unit} {to} was pruned since: the guard compares with later {unit}s only")
+            state["best"] = None
+        write_atomic(self.state_path, orjson.dumps(state, option=orjson.OPT_INDENT_2))
+        log(f"rewound to {unit} {to}: {moved} later {unit} folder(s) and {len(later)} history line(s) moved to {aside}")
+        return aside
+
+    # ------------------------------------------------------------------ pruning
+
+    def prune(self, state: dict[str, Any], keep_last: int | None, every: int | None) -> None:
+        """Delete what no resume or guard can need: merged GGUFs that are neither applied, last nor the
+        best (each is hundreds of MB), and with `keep_last: N` the weights and trainer state of steps
+        older than the last N (their artefact.json stays: a finished step is never redone), except every
+        `every`-th step's, kept to rewind to."""
+        kept: set[str] = set()
+        best = (state.get("best") or {}).get("artefact")
+        for artefact in (state.get("applied"), state.get("last"), best):
+            for uri in (artefact or {}).get("uri"), (artefact or {}).get("serving_uri"):
+                if uri:
+                    kept.add(str(Path(uri).resolve()))
+
+        def rewindable(train: Path) -> bool:  # every Nth step's weights stay, to rewind to
+            number = train.parent.name.rpartition("-")[2]
+            return bool(every) and number.isdigit() and int(number) % every == 0
+
+        for path in self.root.glob("*-*/train/policy-*.gguf"):
+            if str(path.resolve()) not in kept and not rewindable(path.parent):
+                path.unlink(missing_ok=True)
+        if not keep_last:
+            return
+        finished = sorted(train for train in self.root.glob("*-*/train") if (train / ARTEFACT_FILE).is_file())
+        for train in finished[:-keep_last]:
+            if rewindable(train) or any(uri.startswith(str(train.resolve()) + os.sep) for uri in kept):
+                continue
+            for name in ("checkpoint", "adapter"):
+                shutil.rmtree(train / name, ignore_errors=True)
+            for path in train.glob("*.gguf"):
+                path.unlink(missing_ok=True)
+
+
+__all__ = ["HISTORY_FILE", "PLAN_FILE", "RESUMABLE_CHANGES", "STATE_FILE", "RewindError", "RunFolder",
+           "RunFolderError", "read_json"]

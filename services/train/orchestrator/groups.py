@@ -1,0 +1,85 @@
+"""A group (one task's `rollouts_per_example` rollouts) and what is decided about it once it is back.
+
+A group that failed (a rollout still failing after its retries) or is stale (its oldest sampling version
+lags the batch by more than `max_off_policy_steps`) is dropped; the difficulty filter drops a group whose
+rewards are all at `reward_max` (or whose mean reaches `easy_threshold`) as easy, and all at `reward_min`
+(or whose mean falls to `hard_threshold`) as hard. A kept group's rollouts get their advantages (the
+one computation in `data.advantages`) and the step bookkeeping the trainer and the metrics read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ...data.advantages import group_advantages
+from ...data.records import completion_length
+from .config import DifficultyConfig, OrchestratorConfig
+from .sources import SourceTask
+
+DropReason = Literal["failed", "stale", "easy", "hard"]
+
+
+@dataclass
+class Group:
+    """One task's `rollouts_per_example` rollouts as they came back."""
+
+    env: str
+    task: SourceTask
+    group_id: str
+    tag: int  # the step it was dispatched for
+    dispatch_version: int
+    rollouts: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    sampled: list[int] = field(default_factory=list)  # per rollout: the policy version that sampled it
+    verdict: DropReason | None = None  # the difficulty filter's
+
+    def rewards(self) -> list[float]:
+        return [float(r["reward"]) for r in self.rollouts]
+
+
+@dataclass
+class VersionChanged:
+    """The event that wakes batch forming when the trainer finished a step (the staleness gate moved)."""
+
+    version: int
+
+
+def difficulty_verdict(group: Group, difficulty: DifficultyConfig) -> DropReason | None:
+    """'easy' or 'hard' for a group the difficulty filter drops (decided once, when it comes back)."""
+    if not difficulty.enabled or group.failures:
+        return None
+    rewards = group.rewards()
+    mean = sum(rewards) / len(rewards)
+    if min(rewards) >= difficulty.reward_max or (
+            difficulty.easy_threshold is not None and mean >= difficulty.easy_threshold):
+        return "easy"
+    if max(rewards) <= difficulty.reward_min or (
+            difficulty.hard_threshold is not None and mean <= difficulty.hard_threshold):
+        return "hard"
+    return None
+
+
+def drop_reason(group: Group, step: int, config: OrchestratorConfig) -> DropReason | None:
+    """Why a finished group cannot be used in batch `step` (None: it can)."""
+    if group.failures or len(group.rollouts) < config.rollouts_per_example:
+        return "failed"
+    if step - 1 - min(group.sampled) > config.max_off_policy_steps:
+        return "stale"
+    return group.verdict
+
+
+def annotate(step: int, groups: list[Group], config: OrchestratorConfig) -> list[dict[str, Any]]:
+    """The batch's rollouts, each with its group's advantage and where it stands against the step."""
+    rollouts = []
+    for group in groups:
+        lengths = [completion_length(r) for r in group.rollouts]
+        advantages = group_advantages(group.rewards(), lengths, config.advantage)
+        for rollout, advantage, sampled in zip(group.rollouts, advantages, group.sampled):
+            rollout.update(advantage=advantage, step=step, env=group.env, generated_for_step=group.tag,
+                           sampled_step=sampled, policy_lag=step - 1 - sampled)
+            rollouts.append(rollout)
+    return rollouts
+
+
+__all__ = ["DropReason", "Group", "VersionChanged", "annotate", "difficulty_verdict", "drop_reason"]

@@ -1,0 +1,43 @@
+"""The settings of rollgym's GRPO trainer (`optimize.args` of a plan whose trainer is `grpo`).
+
+Validated when the plan is loaded, so a misspelt argument fails before the first collection, not in the
+trainer after it. The objective's own settings are `loss` (`grpo_loss.LossConfig`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .grpo_loss import LossConfig
+
+
+class GRPOConfig(BaseModel):
+    """The `grpo` adapter's arguments (the plan's `optimize.args`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float = Field(default=1e-5, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float | None = Field(default=1.0, gt=0, description="clip the gradient's norm (None: no clip)")
+    warmup_steps: int = Field(default=0, ge=0)
+    lr_decay: Literal["constant", "linear", "cosine"] = "constant"
+    total_steps: int | None = Field(default=None, ge=1, description="the schedule's length; the loop fills it in")
+    groups_per_step: int | None = Field(default=None, ge=1, description="groups per optimizer step (None: all)")
+    mini_batches: int = Field(default=1, ge=1, description="optimizer steps per batch (PPO-style; the clip acts)")
+    micro_batch_tokens: int = Field(default=4096, ge=1, description="token budget of one forward/backward pass")
+    loss: LossConfig = Field(default_factory=LossConfig)
+    temperature: float | None = Field(default=None, gt=0, description="must equal the collection's, when given")
+    max_logprob_gap: float | None = Field(default=None, gt=0, description="refuse a batch whose mean |log ρ| is above")
+    finetune: Literal["lora", "full"] = "lora"
+    lora: dict[str, Any] = Field(default_factory=dict, description="r, alpha, dropout, target_modules, layers")
+    precision: Literal["fp32", "bf16"] = Field(default="fp32", description="bf16: autocast; logprobs stay fp32")
+    gradient_checkpointing: bool = False
+    threads: int | None = Field(default=None, ge=1)
+    processes: int = Field(default=1, ge=1, description="data-parallel processes (torchrun)")
+    epochs: float = Field(default=1.0, gt=0, description="passes over the curated groups")
+
+
+__all__ = ["GRPOConfig"]

@@ -1,0 +1,535 @@
+"""rollgym's policy-gradient trainer (`grpo`): the objective of `grpo_loss.py` on torch + PEFT, one long-lived
+model with its optimizer, LR schedule and RNG state, checkpointed after every step.
+
+    trainer = PolicyTrainer(GRPOConfig.model_validate(args), base_model="bundled")
+    trainer.restore(previous_adapter_or_checkpoint)     # or start fresh
+    metrics = trainer.train_records(groups)             # one optimizer step per batch of groups
+    trainer.save_checkpoint(step_dir / "checkpoint")    # adapter or weights + optimizer + scheduler + step
+
+The records are `curation.to_groups` groups: every rollout with its exact `sequence` (prompt ids,
+completion ids, completion_mask, sampling logprobs), its `advantage` (used as it is: the batch
+computed it once) and the `sampling` it was generated under. The trainer computes its logprobs under
+that temperature; rollouts sampled with top-p/top-k truncation, or whose logprobs are the raw (T=1)
+ones of a temperature ≠ 1, are refused by name, since their sampling distribution cannot be rebuilt.
+Tokens a grammar forced (`completion_forced`) and environment tokens are not in the loss.
+
+Data parallel: started under torchrun (WORLD_SIZE > 1) the trainer joins the process group (gloo on
+CPU, nccl on GPUs), wraps a LoRA model in DDP and shards full weights with FSDP2 (`fully_shard` per
+decoder layer), and each process takes every WORLD_SIZE-th rollout of a batch. The loss scales are
+computed over the whole batch first, so 1 and N processes take the same step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ...data.records import model_token_mask
+from .grpo_config import GRPOConfig
+from .grpo_loss import policy_loss, sequence_scales
+from .base import TrainingFailed
+
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass
+class TrainSequence:
+    """One rollout as the loss sees it."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]  # 1: a token the policy sampled (not the environment's, not forced)
+    sampling_logprobs: list[float]
+    advantage: float
+    temperature: float
+
+    @property
+    def loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+def sampling_temperature(member: dict[str, Any], where: str) -> float:
+    """The temperature a rollout's logprobs belong to, refusing distributions the trainer cannot rebuild."""
+    sampling = member.get("sampling") or {}
+    temperature = float(sampling.get("temperature", 1.0))
+    if float(sampling.get("top_p", 1.0)) < 1.0 or int(sampling.get("top_k", 0) or 0) > 0:
+        raise TrainingFailed(f"{where}: sampled with top_p {sampling.get('top_p')} / top_k {sampling.get('top_k')}: "
+                             "the trainer cannot rebuild a truncated distribution; collect with top_p 1 and no top_k")
+    if sampling.get("logprobs") != "processed" and not math.isclose(temperature, 1.0):
+        kind = "raw (T=1)" if sampling.get("logprobs") == "raw" else "unrecorded"
+        raise TrainingFailed(f"{where}: the server's logprobs are {kind} logprobs of tokens sampled at temperature "
+                             f"{temperature}; serve processed logprobs (vLLM: --logprobs-mode processed_logprobs and "
+                             "logprobs_mode: processed in the model server's config) or collect at temperature 1")
+    return temperature
+
+
+def sequences_of(groups: list[dict[str, Any]], temperature: float | None = None) -> list[list[TrainSequence]]:
+    """The groups' rollouts as TrainSequences, group by group."""
+    out = []
+    for group in groups:
+        members = []
+        for member in group["rollouts"]:
+            where = f"rollout {member.get('rollout_id')}"
+            sequence = member["sequence"]
+            sampled_at = sampling_temperature(member, where)
+            if temperature is not None and not math.isclose(sampled_at, temperature):
+                raise TrainingFailed(f"{where}: sampled at temperature {sampled_at}, but optimize.args.temperature is "
+                                     f"{temperature}; the ratio must compare one distribution")
+            members.append(TrainSequence(list(sequence["prompt_ids"]), list(sequence["completion_ids"]),
+                                         model_token_mask(sequence), [float(x) for x in sequence["completion_logprobs"]],
+                                         float(member["advantage"]), sampled_at))
+        out.append(members)
+    return out
+
+
+class DistInfo:
+    """This process's place in the data-parallel group (one process: rank 0 of 1)."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def init(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if self.distributed and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "sum")
+
+    def all_min(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "min")
+
+    def all_max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "max")
+
+    def _reduce(self, values: list[float], how: str) -> list[float]:
+        if not self.distributed:
+            return values
+        import torch
+        import torch.distributed as dist
+
+        op = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[how]
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
+
+
+def _token_logprobs_module() -> Any:
+    import torch
+
+    class TokenLogprobs(torch.nn.Module):
+        """Logprobs of chosen tokens at chosen positions in one forward pass: the module DDP wraps.
+
+        Only the positions that enter the loss go through the LM head, so the logits are
+        (loss tokens × vocabulary), not (all tokens × vocabulary)."""
+
+        def __init__(self, lm: Any, precision: str) -> None:
+            super().__init__()
+            self.lm = lm
+            self.precision = precision
+
+        def causal(self) -> Any:
+            return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
+
+        def forward(self, input_ids: Any, attention_mask: Any, positions: Any, targets: Any,
+                    temperatures: Any) -> Any:
+            causal = self.causal()
+            device_type = "cuda" if input_ids.is_cuda else "cpu"
+            with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+                hidden = causal.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                picked = hidden.reshape(-1, hidden.shape[-1])[positions]
+                logits = causal.get_output_embeddings()(picked)
+            logits = logits.float() / temperatures[:, None]
+            return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+
+    return TokenLogprobs
+
+
+class PolicyTrainer:
+    """The model, its optimizer and schedule, across every step of a run."""
+
+    def __init__(self, args: GRPOConfig, base_model: str, seed: int = 0) -> None:
+        import torch
+
+        self.args = args
+        self.base_model = base_model
+        self.seed = seed
+        self.dist = DistInfo()
+        self.dist.init()
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available() else "cpu")
+        self.step = 0
+        self.checkpoint: str | None = None  # the state this trainer holds, as a checkpoint folder or adapter
+        self.model: Any = None
+        self.module: Any = None
+        self.optimizer: Any = None
+        self.scheduler: Any = None
+        self.base_weights: dict[str, Any] = {}
+        self.sharded = False
+
+    # ------------------------------------------------------------------ model and state
+
+    def load(self, init: str | None) -> None:
+        """Build the model: from a checkpoint folder (adapter/ or model/ + trainer state: everything is
+        restored), a PEFT adapter folder (a fresh optimizer), or the base model."""
+        import torch
+
+        from .policy import load_base, load_policy
+
+        started = time.perf_counter()
+        checkpoint = checkpoint_of(init)
+        random.seed(self.seed)
+        torch.manual_seed(self.seed)
+        if self.args.finetune == "full":
+            source = str(Path(checkpoint) / "model") if checkpoint else init
+            model, _ = load_base(source or self.base_model)
+            if self.dist.rank == 0:
+                base, _ = load_base(self.base_model) if source else (model, None)
+                self.base_weights = {n: p.detach().clone() for n, p in base.named_parameters()}
+        else:
+            adapter = str(Path(checkpoint) / "adapter") if checkpoint else init
+            model, _ = load_policy(self.base_model, adapter, self.args.lora)
+        model.to(self.device)
+        if self.args.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        model.train()
+        self.model = model
+        module = _token_logprobs_module()(model, self.args.precision)
+        # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest);
+        # a LoRA's few weights are replicated (DDP).
+        self.sharded = self.dist.distributed and self.args.finetune == "full"
+        if self.sharded:
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in module.causal().model.layers:
+                fully_shard(layer)
+            fully_shard(module)
+        elif self.dist.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            module = DistributedDataParallel(module, device_ids=[self.dist.local_rank] if self.device.type == "cuda"
+                                             else None)
+        self.module = module
+        self.gathered: dict[str, Any] | None = None  # sharded: the full weights of the last checkpoint (rank 0)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=self.args.learning_rate, betas=self.args.betas,
+                                           weight_decay=self.args.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.step = 0
+        if checkpoint:
+            self._restore_state(Path(checkpoint))
+        self.checkpoint = init
+        self.load_s = round(time.perf_counter() - started, 3)
+
+    def _lr_factor(self, step: int) -> float:
+        """Warm-up from 0, then constant, linear or cosine decay to 0 at total_steps."""
+        args = self.args
+        if args.warmup_steps and step < args.warmup_steps:
+            return (step + 1) / args.warmup_steps
+        if args.lr_decay == "constant" or not args.total_steps:
+            return 1.0
+        span = max(1, args.total_steps - args.warmup_steps)
+        progress = min(1.0, (step - args.warmup_steps) / span)
+        return 1.0 - progress if args.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def save_checkpoint(self, folder: Path) -> Path:
+        """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt, written beside and renamed into
+        place, so a kill leaves either the whole checkpoint or none. Only rank 0 writes."""
+        import numpy as np
+        import torch
+
+        folder = Path(folder)
+        optimizer_state = self.optimizer.state_dict()
+        if self.sharded:  # every process takes part in gathering the full weights and optimizer state
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+            )
+
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            weights = get_model_state_dict(self.module, options=options)
+            optimizer_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            self.gathered = {name.removeprefix("lm."): value for name, value in weights.items()}
+        if self.dist.rank == 0:
+            partial = folder.with_name(folder.name + f".tmp{os.getpid()}")
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            target = partial / ("model" if self.args.finetune == "full" else "adapter")
+            if self.sharded:
+                self.model.save_pretrained(target, state_dict=self.gathered)
+            else:
+                self.model.save_pretrained(target)
+            torch.save({"step": self.step, "optimizer": optimizer_state, "sharded": self.sharded,
+                        "scheduler": self.scheduler.state_dict(),
+                        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                                "numpy": np.random.get_state()}}, partial / STATE_FILE)
+            shutil.rmtree(folder, ignore_errors=True)
+            partial.replace(folder)
+        self._barrier()
+        self.checkpoint = str(folder / ("model" if self.args.finetune == "full" else "adapter"))
+        return folder
+
+    def _restore_state(self, folder: Path) -> None:
+        import numpy as np
+        import torch
+
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
+        if bool(state.get("sharded")) != self.sharded:
+            raise TrainingFailed(f"{folder}: its optimizer state was saved {'sharded' if state.get('sharded') else 'whole'}"
+                                 f"; resume it with the same finetune and processes settings")
+        if self.sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+
+    def _barrier(self) -> None:
+        if self.dist.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def merged_deltas(self) -> dict[str, Any]:
+        """What `gguf_export.write_merged_gguf` adds to the base GGUF: LoRA deltas, or weights − base."""
+        from .gguf_export import lora_deltas
+
+        if self.args.finetune == "lora":
+            return lora_deltas(self.model)
+        deltas = {}
+        weights = self.gathered if self.sharded else dict(self.model.named_parameters())
+        for name, param in (weights or {}).items():
+            base = self.base_weights.get(name)
+            if base is not None and name.endswith(".weight") and not name.startswith("lm_head"):
+                delta = (param.detach().cpu().float() - base.float()).numpy()
+                if delta.any():
+                    deltas[name.removesuffix(".weight")] = delta
+        return deltas
+
+    # ------------------------------------------------------------------ training
+
+    def train_records(self, groups: list[dict[str, Any]]) -> dict[str, float]:
+        """Train on curated groups: `epochs` passes, `groups_per_step` groups per batch, one optimizer
+        step per batch (or `mini_batches`); returns the steps' metrics, averaged."""
+        args = self.args
+        by_group = sequences_of(groups, args.temperature)
+        if not by_group:
+            raise TrainingFailed("no groups to train on")
+        order = list(range(len(by_group)))
+        per_step = args.groups_per_step or len(order)
+        passes = max(1, math.ceil(args.epochs))
+        batches: list[list[TrainSequence]] = []
+        generator = random.Random(self.seed + self.step)
+        for _ in range(passes):
+            generator.shuffle(order)
+            for start in range(0, len(order), per_step):
+                batches.append([seq for g in order[start:start + per_step] for seq in by_group[g]])
+        batches = batches[: max(1, math.ceil(args.epochs * math.ceil(len(order) / per_step)))]
+        history = [self.train_batch(batch) for batch in batches]
+        metrics = {key: sum(m[key] for m in history) / len(history) for key in history[0]}
+        metrics.update(steps=float(len(history)), optimizer_step=float(self.step),
+                       importance_ratio_min=min(m["importance_ratio_min"] for m in history),
+                       importance_ratio_max=max(m["importance_ratio_max"] for m in history))
+        return metrics
+
+    def train_batch(self, batch: list[TrainSequence]) -> dict[str, float]:
+        """`mini_batches` optimizer steps on one batch (default one). The PPO ratio's π_old is the
+        policy at the start of the batch: taken from the same forward pass when there is one step
+        (it is then 1, with the gradient of log π), recomputed without gradient when there are more."""
+        if not any(seq.loss_tokens for seq in batch):
+            raise TrainingFailed("a batch with no token the policy sampled (every token the environment's or forced)")
+        count = self.args.mini_batches
+        old = self._logprobs_no_grad(batch) if count > 1 else None
+        ref = self._reference_logprobs(batch) if self.args.loss.kl_beta > 0 else None
+        results = []
+        for part in (list(range(start, len(batch), count)) for start in range(count)):
+            if not any(batch[i].loss_tokens for i in part):
+                continue
+            results.append(self._optimizer_step([batch[i] for i in part],
+                                                [old[i] for i in part] if old is not None else None,
+                                                [ref[i] for i in part] if ref is not None else None))
+        return {key: sum(r[key] for r in results) / len(results) for key in results[0]} | {
+            "importance_ratio_min": min(r["importance_ratio_min"] for r in results),
+            "importance_ratio_max": max(r["importance_ratio_max"] for r in results)}
+
+    def _micro_batches(self, indices: list[int], batch: list[TrainSequence]) -> list[list[int]]:
+        out: list[list[int]] = []
+        current: list[int] = []
+        tokens = 0
+        for i in indices:
+            if current and tokens + batch[i].length > self.args.micro_batch_tokens:
+                out.append(current)
+                current, tokens = [], 0
+            current.append(i)
+            tokens += batch[i].length
+        if current:
+            out.append(current)
+        return out
+
+    def _tensors(self, sequences: list[TrainSequence]) -> dict[str, Any]:
+        """Right-padded ids, the flat positions whose hidden state predicts each loss token, and per
+        loss token: its target id, temperature, sampling logprob and rollout number in the micro-batch."""
+        import torch
+
+        width = max(s.length for s in sequences)
+        ids = torch.zeros((len(sequences), width), dtype=torch.long)
+        attention = torch.zeros((len(sequences), width), dtype=torch.long)
+        positions, targets, temperatures, sampled, rollout, advantages = [], [], [], [], [], []
+        for row, seq in enumerate(sequences):
+            tokens = seq.prompt_ids + seq.completion_ids
+            ids[row, :len(tokens)] = torch.tensor(tokens)
+            attention[row, :len(tokens)] = 1
+            for j, (token, keep) in enumerate(zip(seq.completion_ids, seq.loss_mask)):
+                if keep:
+                    positions.append(row * width + len(seq.prompt_ids) + j - 1)
+                    targets.append(token)
+                    sampled.append(seq.sampling_logprobs[j])
+                    rollout.append(row)
+                    temperatures.append(seq.temperature)
+                    advantages.append(seq.advantage)
+        device = self.device
+        return {"input_ids": ids.to(device), "attention_mask": attention.to(device),
+                "positions": torch.tensor(positions, dtype=torch.long, device=device),
+                "targets": torch.tensor(targets, dtype=torch.long, device=device),
+                "temperatures": torch.tensor(temperatures, dtype=torch.float32, device=device),
+                "sampled": torch.tensor(sampled, dtype=torch.float32, device=device),
+                "rollout": torch.tensor(rollout, dtype=torch.long, device=device),
+                "advantages": torch.tensor(advantages, dtype=torch.float32, device=device)}
+
+    def _forward(self, tensors: dict[str, Any]) -> Any:
+        return self.module(tensors["input_ids"], tensors["attention_mask"], tensors["positions"], tensors["targets"],
+                           tensors["temperatures"])
+
+    def _logprobs_no_grad(self, batch: list[TrainSequence]) -> list[Any]:
+        """Per rollout, the current policy's logprobs of its loss tokens (no gradient)."""
+        import torch
+
+        out = []
+        with torch.no_grad():
+            for seq in batch:
+                if not seq.loss_tokens:
+                    out.append(torch.zeros(0))
+                    continue
+                tensors = self._tensors([seq])
+                out.append(self._forward(tensors).detach().cpu())
+        return out
+
+    def _reference_logprobs(self, batch: list[TrainSequence]) -> list[Any]:
+        """The reference model's logprobs (the base: the LoRA switched off) for the KL term."""
+        if self.args.finetune != "lora":
+            raise TrainingFailed("loss.kl_beta > 0 needs finetune: lora (the base model is the reference)")
+        with self.model.disable_adapter():
+            return self._logprobs_no_grad(batch)
+
+    def _optimizer_step(self, batch: list[TrainSequence], old: list[Any] | None,
+                        ref: list[Any] | None) -> dict[str, float]:
+        import torch
+
+        args = self.args
+        dist = self.dist
+        scales = sequence_scales([s.loss_tokens for s in batch], args.loss)
+        mine = [i for i in range(len(batch)) if i % dist.world == dist.rank and batch[i].loss_tokens]
+        micro = self._micro_batches(mine, batch)
+        # Every process runs as many forward/backward passes as the busiest one (FSDP gathers weights
+        # in each forward, DDP reduces in the last backward): the extra ones count for nothing (scale 0).
+        rounds = int(dist.all_max([float(len(micro))])[0])
+        filler = next(i for i in range(len(batch)) if batch[i].loss_tokens)
+        passes = [(indices, False) for indices in micro] + [([filler], True)] * (rounds - len(micro))
+        sums = [0.0] * 10
+        rho_min, rho_max = math.inf, -math.inf
+        gap = [0.0, 0.0]
+        for number, (indices, dummy) in enumerate(passes):
+            sequences = [batch[i] for i in indices]
+            tensors = self._tensors(sequences)
+            token_scales = torch.tensor([0.0 if dummy else scales[indices[r]] for r in tensors["rollout"].tolist()],
+                                        dtype=torch.float32, device=self.device)
+            last = number == len(passes) - 1
+            sync = nullcontext()
+            if self.sharded:
+                self.module.set_requires_gradient_sync(last)
+            elif dist.distributed and not last:
+                sync = self.module.no_sync()
+            with sync:
+                logprobs = self._forward(tensors)
+                old_lp = (torch.cat([old[i] for i in indices]).to(self.device) if old is not None
+                          else logprobs.detach())
+                ref_lp = torch.cat([ref[i] for i in indices]).to(self.device) if ref is not None else None
+                terms = policy_loss(logprobs, old_lp, tensors["sampled"], tensors["advantages"], tensors["rollout"],
+                                    token_scales, args.loss, ref_lp)
+                # DDP averages gradients over processes; the scales already divide by the whole batch.
+                (terms.loss * dist.world).backward()
+            if dummy:
+                continue
+            gap[0] += float((old_lp - tensors["sampled"]).abs().sum())
+            gap[1] += terms.tokens
+            sums = [a + b for a, b in zip(sums, [
+                float(terms.loss.detach()), terms.tokens, terms.rho_sum, terms.capped, terms.clipped,
+                terms.masked_rollouts, terms.masked_tokens, terms.mismatch_kl_sum, terms.kl_sum, len(indices)])]
+            rho_min, rho_max = min(rho_min, terms.rho_min), max(rho_max, terms.rho_max)
+        loss, tokens, rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl, rollouts = \
+            dist.all_sum(sums)
+        gap_sum, gap_tokens = dist.all_sum(gap)
+        rho_min = dist.all_min([rho_min])[0]
+        rho_max = dist.all_max([rho_max])[0]
+        if args.max_logprob_gap is not None and gap_tokens and gap_sum / gap_tokens > args.max_logprob_gap:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingFailed(
+                f"the served model's sampling logprobs differ from the trainer's by {gap_sum / gap_tokens:.3f} per "
+                f"token on average (max_logprob_gap {args.max_logprob_gap}): the rollouts were not sampled from "
+                "these weights (a quantized or stale model is serving)")
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm or math.inf)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        tokens = max(tokens, 1.0)
+        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "rollouts": rollouts,
+                "importance_ratio_mean": rho_sum / tokens, "importance_ratio_min": rho_min,
+                "importance_ratio_max": rho_max, "tis_capped_fraction": capped / tokens,
+                "clip_fraction": clipped / tokens, "masked_fraction": masked_tokens / tokens,
+                "masked_rollouts": masked_rollouts, "mismatch_kl": mismatch_kl / tokens, "kl": kl / tokens,
+                "logprob_gap_mean": gap_sum / tokens}
+
+
+def checkpoint_of(path: str | None) -> str | None:
+    """The checkpoint folder a path belongs to (itself, or the parent of its adapter/ or model/), if any."""
+    if not path:
+        return None
+    folder = Path(path)
+    for candidate in (folder, folder.parent):
+        if (candidate / STATE_FILE).is_file():
+            return str(candidate)
+    return None
+
+
+__all__ = ["PolicyTrainer", "STATE_FILE", "TrainSequence", "checkpoint_of", "sampling_temperature",
+           "sequences_of"]
