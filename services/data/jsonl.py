@@ -12,6 +12,7 @@ Files that must never be seen half-written (state, manifests, artefacts, rewritt
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
@@ -101,15 +102,26 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
-    """Replace `path` with `data` so that a reader (or a kill) sees the old content or the new, never a part:
-    the bytes go to a temporary file beside it, are flushed to disk, renamed over `path`, and the rename is
-    flushed too (best effort where a folder cannot be opened)."""
-    partial = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with partial.open("wb") as handle:
+    """Replace `path` with `data` so that a reader (or a kill) sees the old content or the new, never a part
+    (`replaced_atomically`)."""
+    with replaced_atomically(path) as partial, partial.open("wb") as handle:
         handle.write(data.encode() if isinstance(data, str) else data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
+
+
+@contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write the new file at (for writers that want a path, such as a GGUF
+    writer); when the block ends it is flushed to disk, renamed over `path`, and the rename flushed too
+    (best effort where a folder cannot be opened). A block that raises leaves `path` as it was."""
+    partial = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield partial
+        with partial.open("rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     fsync_folder(path.parent)
 
 
@@ -153,5 +165,5 @@ def truncate(path: Path, size: int) -> None:
 
 
 __all__ = ["JsonLine", "JsonlError", "Report", "fsync_folder", "iter_jsonl", "iter_raw", "parse_object",
-           "read_jsonl", "read_whole_lines", "repair_torn_tail", "truncate", "write_atomic", "write_json_atomic",
-           "write_jsonl_atomic"]
+           "read_jsonl", "read_whole_lines", "repair_torn_tail", "replaced_atomically", "truncate", "write_atomic",
+           "write_json_atomic", "write_jsonl_atomic"]

@@ -21,6 +21,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ...data.jsonl import replaced_atomically
+
 
 # serve_dtype -> the file type the GGUF declares.
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0"}
@@ -83,40 +85,39 @@ def write_merged_gguf(template: str | os.PathLike[str], deltas: Mapping[str, np.
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + f".tmp{os.getpid()}")
-    writer = gguf.GGUFWriter(str(partial), arch)
-    file_type = getattr(gguf.LlamaFileType, FILE_TYPES[dtype])
-    for field in reader.fields.values():
-        if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or field.name.startswith("GGUF."):
-            continue
-        value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
-    writer.add_file_type(int(file_type))
-    used = set()
-    for tensor in reader.tensors:
-        weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
-        delta = by_tensor.get(tensor.name)
-        if delta is not None:
-            if delta.shape != weights.shape:
-                raise ValueError(f"{tensor.name}: LoRA delta {delta.shape} does not fit the tensor {weights.shape}")
-            weights = weights + delta
-            used.add(tensor.name)
-        if dtype == "q8_0" and weights.ndim > 1 and weights.shape[-1] % 32 == 0:
-            quantized = gguf.quants.quantize(np.ascontiguousarray(weights), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(tensor.name, quantized, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            continue
-        if dtype != "f32" and weights.ndim > 1:
-            weights = weights.astype(np.float16)
-        writer.add_tensor(tensor.name, np.ascontiguousarray(weights))
-    missing = sorted(set(by_tensor) - used)
-    if missing:
-        raise ValueError(f"LoRA layers with no tensor in {template}: {', '.join(missing[:5])}")
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    partial.replace(output)
+    with replaced_atomically(output) as partial:
+        writer = gguf.GGUFWriter(str(partial), arch)
+        file_type = getattr(gguf.LlamaFileType, FILE_TYPES[dtype])
+        for field in reader.fields.values():
+            if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or field.name.startswith("GGUF."):
+                continue
+            value_type = field.types[0]
+            sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+        writer.add_file_type(int(file_type))
+        used = set()
+        for tensor in reader.tensors:
+            weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+            delta = by_tensor.get(tensor.name)
+            if delta is not None:
+                if delta.shape != weights.shape:
+                    raise ValueError(f"{tensor.name}: LoRA delta {delta.shape} does not fit the tensor {weights.shape}")
+                weights = weights + delta
+                used.add(tensor.name)
+            if dtype == "q8_0" and weights.ndim > 1 and weights.shape[-1] % 32 == 0:
+                quantized = gguf.quants.quantize(np.ascontiguousarray(weights), gguf.GGMLQuantizationType.Q8_0)
+                writer.add_tensor(tensor.name, quantized, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                continue
+            if dtype != "f32" and weights.ndim > 1:
+                weights = weights.astype(np.float16)
+            writer.add_tensor(tensor.name, np.ascontiguousarray(weights))
+        missing = sorted(set(by_tensor) - used)
+        if missing:
+            raise ValueError(f"LoRA layers with no tensor in {template}: {', '.join(missing[:5])}")
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     return output
 
 
