@@ -3,6 +3,9 @@
 - no import circle, and no module imports another's private (`_name`) names;
 - the kernel (the flat modules) imports no wing; nothing imports the command line;
 - a wing imports only the wings of its row in WING_IMPORTS (data flows one way: no arrow back up);
+- inside train/, a door imports only the doors of its row in TRAIN_DOORS (loop drives orchestrator and
+  trainers, which import neither it nor each other), every module sits behind a door, and no module but
+  the GRPO trainer grows past LONGEST lines;
 - no import circle inside a server folder (agents/, models/, resources_servers/);
 - argparse only in rollgym.cli (and the two internal process entry points);
 - `rollgym.cli` and the collector start without the web stack (fastapi, uvicorn, openai);
@@ -32,11 +35,15 @@ WING_IMPORTS = {
     "stack": {"rollouts"},  # the Ray collector shards
     "envkit": {"data", "stack"},  # checks read example rows and start servers
     "view": {"data", "rollouts"},
-    # eval -> train (the suite reads a train run's config files) goes away: only train imports eval.
-    "eval": {"rollouts", "train"},
+    "eval": {"data", "rollouts"},  # only train imports eval (a plan validates on an eval suite)
     "train": {"data", "eval", "rollouts", "stack"},
     "cli": WINGS - {"cli"},  # each command's handler imports its wing
 }
+# The three doors of services/train/: the loop drives the other two, which import neither it nor each other.
+TRAIN_DOORS = {"loop": {"orchestrator", "trainers"}, "orchestrator": set(), "trainers": set()}
+# The one module of services/train/ allowed past LONGEST lines: the GRPO trainer (model, optimizer, data parallel).
+LONGEST = 560
+LONG_MODULES = {"rollgym.train.trainers.grpo_trainer"}
 # Server folders: each is one package whose modules may import each other, without a circle.
 SERVER_FOLDERS = sorted(folder for role in ("agents", "models", "resources_servers")
                         for folder in (REPO / role).iterdir() if folder.is_dir() and any(folder.rglob("*.py")))
@@ -158,6 +165,28 @@ def test_wings_import_only_the_wings_of_their_row() -> None:
     assert not wrong
 
 
+def door_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "train" and parts[2] in TRAIN_DOORS else None
+
+
+def test_the_train_doors_import_only_what_their_row_allows() -> None:
+    wrong = sorted(f"{module} imports {target} ({door_of(module)} -> {door_of(target)} is not in TRAIN_DOORS)"
+                   for module, targets in edges().items() for target in targets
+                   if door_of(module) and door_of(target) not in (None, door_of(module))
+                   and door_of(target) not in TRAIN_DOORS[door_of(module)])
+    assert not wrong
+    loose = sorted(module for module in MODULES if wing_of(module) == "train" and module != "rollgym.train"
+                   and door_of(module) is None)
+    assert not loose, "every module of services/train/ sits behind one of its doors"
+
+
+def test_train_modules_stay_readable() -> None:
+    long = {module: n for module in MODULES if wing_of(module) == "train" and module not in LONG_MODULES
+            and (n := len(MODULES[module].read_text().splitlines())) > LONGEST}
+    assert not long, f"split these along what they do: {long}"
+
+
 def folder_edges(folder: Path) -> dict[str, set[str]]:
     """The imports between one server folder's modules, named relative to the folder (`app`,
     `tests.test_app`): relative imports and absolute ones through its package (`agents.proxy_agent.app`)."""
@@ -217,6 +246,8 @@ def test_the_checks_see_imports_and_circles() -> None:
     assert circles_in({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "rollgym.rollouts.attempts" in edges()["rollgym.rollouts.collector"]  # relative imports are read
     assert "rollgym.client" in edges()["rollgym.rollouts.attempts"]
+    assert door_of("rollgym.train.loop.epochs") == "loop" and door_of("rollgym.train") is None
+    assert "rollgym.train.trainers.jobs" in edges()["rollgym.train.loop.optimize"]  # a door's arrow is seen
     chat_completions = folder_edges(REPO / "models" / "chat_completions")
     assert {"adapters", "routing"} <= chat_completions["app"]  # relative imports are read
     assert "app" in chat_completions["tests.test_app"]  # and absolute ones through the folder's package
