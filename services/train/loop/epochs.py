@@ -105,7 +105,18 @@ class TrainLoop:
         """Make the output folder this plan's (new, or a run of the same plan to continue), rewound if asked."""
         self.folder.claim(self.plan.model_dump(mode="json"))
         if self.rewind_to is not None:
-            self.folder.rewind(self.rewind_to, self.log)
+            self.folder.rewind(self.rewind_to, self.log, keep_last=self.plan.checkpoints.keep_last,
+                               rebuild=self._rebuild_merged)
+
+    def _rebuild_merged(self, artefact: dict[str, Any]) -> None:
+        """Write an artefact's merged GGUF again from the weights its step kept (a rewind to a step whose
+        GGUF was pruned: every merged GGUF but the applied, last and best ones is)."""
+        from ..trainers.gguf_export import rebuild_merged_gguf
+
+        try:
+            rebuild_merged_gguf(artefact["base_model"], artefact["uri"], artefact["serving_uri"], self.plan.serve_dtype)
+        except (OSError, ValueError) as exc:
+            raise TrainError(f"rewind: cannot rebuild {artefact['serving_uri']} from {artefact['uri']}: {exc}") from None
 
     def _finish(self, line: dict[str, Any]) -> None:
         self.records.record(line, self.state)

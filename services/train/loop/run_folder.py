@@ -156,28 +156,43 @@ class RunFolder:
 
     # ------------------------------------------------------------------ rewinding
 
-    def _unrestorable(self, number: int) -> str | None:
-        """Why the state saved in a finished epoch's folder cannot be restored (None: it can)."""
+    def _unrestorable(self, number: int, keep_last: int | None, rebuildable: bool) -> str | None:
+        """Why the state saved in a finished epoch's folder cannot be restored (None: it can). A merged
+        GGUF that is gone while the weights it was exported from are kept is not a reason when it can be
+        rebuilt."""
         saved = self.unit_dir(number) / STATE_FILE
         if not saved.is_file():
             return f"{saved} is missing (the run predates rewinding)"
         state = orjson.loads(saved.read_bytes())
-        gone = [path for path in _weights(state.get("applied"), state.get("last")) if not Path(path).exists()]
-        return f"its weights {gone[0]} were pruned (checkpoints.keep_last)" if gone else None
+        for artefact in (state.get("applied"), state.get("last")):
+            for path in _weights(artefact):
+                if Path(path).exists() or (rebuildable and path == (artefact or {}).get("serving_uri")
+                                           and Path(str(artefact.get("uri"))).exists()):
+                    continue
+                why = (f"pruned (checkpoints.keep_last: {keep_last} keeps the last {keep_last} steps' weights; "
+                       "checkpoints.every keeps every Nth)" if keep_last else "gone (removed outside rollgym)")
+                return f"its weights {path} are {why}"
+        return None
 
-    def rewind(self, to: int, log: Callable[[str], None] = print) -> Path:
-        """Rewind the run to the end of its epoch (step) `to`; the folder that now holds what came after it."""
+    def rewind(self, to: int, log: Callable[[str], None] = print, *, keep_last: int | None = None,
+               rebuild: Callable[[dict[str, Any]], None] | None = None) -> Path:
+        """Rewind the run to the end of its epoch (step) `to`; the folder that now holds what came after it.
+        `keep_last` is the plan's `checkpoints.keep_last` (to say why weights are gone); `rebuild(artefact)`
+        writes an artefact's merged GGUF (`serving_uri`) again from its kept weights (`uri`)."""
         unit = self.unit
         history = self.history()
         finished = sorted({int(line["epoch"]) for line in history if "epoch" in line})
         if to not in finished:
             shown = f"{finished[0]}..{finished[-1]}" if finished else "none"
             raise RewindError(f"{self.root}: {unit} {to} is not a finished {unit} of this run (finished: {shown})")
-        problem = self._unrestorable(to)
+        problem = self._unrestorable(to, keep_last, rebuild is not None)
         if problem is not None:
-            possible = [n for n in finished if self._unrestorable(n) is None]
+            possible = [n for n in finished if self._unrestorable(n, keep_last, rebuild is not None) is None]
             raise RewindError(f"cannot rewind to {unit} {to}: {problem}; {unit}s it can rewind to: "
                               f"{', '.join(map(str, possible)) or 'none'}")
+        state = orjson.loads((self.unit_dir(to) / STATE_FILE).read_bytes())
+        if rebuild is not None:
+            self._rebuild_merged(state, rebuild, log)
         aside = self.root / "rewound" / f"after-{unit}-{to:03d}-{time.strftime('%Y%m%d-%H%M%S')}"
         aside.mkdir(parents=True)
         moved = 0
@@ -198,7 +213,6 @@ class RunFolder:
         later = [line for line in history if int(line.get("epoch", 0)) > to]
         write_jsonl_atomic(aside / HISTORY_FILE, later)
         write_jsonl_atomic(self.history_path, kept)
-        state = orjson.loads((self.unit_dir(to) / STATE_FILE).read_bytes())
         state["stopped"] = None
         best = (state.get("best") or {}).get("artefact")
         if any(not Path(path).exists() for path in _weights(best)):
@@ -208,6 +222,23 @@ class RunFolder:
         write_atomic(self.state_path, orjson.dumps(state, option=orjson.OPT_INDENT_2))
         log(f"rewound to {unit} {to}: {moved} later {unit} folder(s) and {len(later)} history line(s) moved to {aside}")
         return aside
+
+    @staticmethod
+    def _rebuild_merged(state: dict[str, Any], rebuild: Callable[[dict[str, Any]], None],
+                        log: Callable[[str], None]) -> None:
+        """Write again the merged GGUFs the restored state serves (applied, last, best) that were pruned
+        while the weights they came from were kept."""
+        artefacts = [state.get("applied"), state.get("last"), (state.get("best") or {}).get("artefact")]
+        done: set[str] = set()
+        for artefact in artefacts:
+            target = (artefact or {}).get("serving_uri")
+            if (not target or target in done or "://" in target or Path(target).exists()
+                    or not Path(str(artefact.get("uri"))).exists()):
+                continue
+            started = time.perf_counter()
+            rebuild(artefact)
+            done.add(target)
+            log(f"rebuilt {target} from {artefact['uri']} in {time.perf_counter() - started:.1f} s")
 
     # ------------------------------------------------------------------ pruning
 

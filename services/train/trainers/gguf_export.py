@@ -121,4 +121,35 @@ def write_merged_gguf(template: str | os.PathLike[str], deltas: Mapping[str, np.
     return output
 
 
-__all__ = ["lora_deltas", "permute_rows", "write_merged_gguf"]
+def rebuild_merged_gguf(base_model: str, weights: str | os.PathLike[str], output: str | os.PathLike[str],
+                        dtype: str = "f16") -> Path:
+    """Write a step's merged GGUF again from the weights the step kept (its PEFT adapter folder, or a full
+    model folder) after the GGUF was pruned: the same deltas over the same base GGUF the trainer exported
+    from, so the file is the one the step served. ValueError when the base model is not a GGUF."""
+    import torch
+
+    from .policy import gguf_of, load_base
+
+    template = gguf_of(base_model)
+    if template is None:
+        raise ValueError(f"a merged GGUF needs a GGUF base model ('bundled' or a *.gguf file), not {base_model!r}")
+    model, _ = load_base(base_model)
+    if (Path(weights) / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        deltas = lora_deltas(PeftModel.from_pretrained(model, str(weights)))
+    else:  # full weights: what the trainer exports is the trained weights minus the base (grpo_trainer.merged_deltas)
+        from transformers import AutoModelForCausalLM
+
+        trained = AutoModelForCausalLM.from_pretrained(str(weights), torch_dtype=torch.float32)
+        base = dict(model.named_parameters())
+        deltas = {}
+        for name, param in trained.named_parameters():
+            if name in base and name.endswith(".weight") and not name.startswith("lm_head"):
+                delta = (param.detach().float() - base[name].detach().float()).numpy()
+                if delta.any():
+                    deltas[name.removesuffix(".weight")] = delta
+    return write_merged_gguf(template, deltas, output, dtype)
+
+
+__all__ = ["lora_deltas", "permute_rows", "rebuild_merged_gguf", "write_merged_gguf"]

@@ -142,6 +142,45 @@ def test_keep_last_prunes_old_weights_but_never_the_applied_or_best(tmp_path: Pa
     for epoch in (1, 2, 3, 4):
         (loop.output / f"epoch-{epoch:03d}" / "state.json").write_bytes(orjson.dumps(
             {"applied": artefacts[epoch], "last": artefacts[epoch], "best": None}))
-    with pytest.raises(RewindError, match=r"cannot rewind to epoch 1: its weights .*epoch-001.* were pruned "
-                                          r"\(checkpoints.keep_last\); epochs it can rewind to: 2, 3, 4"):
-        loop.folder.rewind(1, log=lambda _: None)
+    with pytest.raises(RewindError, match=r"cannot rewind to epoch 1: its weights .*epoch-001.* are pruned "
+                                          r"\(checkpoints.keep_last: 1 keeps the last 1 steps' weights; "
+                                          r"checkpoints.every keeps every Nth\); epochs it can rewind to: 2, 3, 4"):
+        loop.folder.rewind(1, log=lambda _: None, keep_last=1)
+    with pytest.raises(RewindError, match=r"its weights .*epoch-001.* are gone \(removed outside rollgym\)"):
+        loop.folder.rewind(1, log=lambda _: None)  # a run without keep_last: the message names no setting
+
+
+def test_a_rewind_rebuilds_the_merged_gguf_its_epoch_kept_the_weights_of(tmp_path: Path) -> None:
+    """apply: merged prunes every GGUF but the applied, last and best ones, while each epoch keeps its adapter:
+    rewinding to such an epoch rebuilds its GGUF (and the best one's) from the adapter instead of refusing."""
+    import orjson
+
+    from rollgym.train.loop.run_folder import RewindError, RunFolder
+
+    folder = RunFolder(tmp_path / "run", "epoch")
+    artefacts = {}
+    for epoch in (1, 2, 3, 4):
+        train = folder.unit_dir(epoch) / "train"
+        (train / "adapter").mkdir(parents=True)
+        artefacts[epoch] = {"uri": str(train / "adapter"), "serving_uri": str(train / f"policy-e{epoch:03d}.gguf"),
+                            "base_model": "bundled", "version": f"policy-e{epoch:03d}"}
+        (train / "artefact.json").write_bytes(orjson.dumps(artefacts[epoch]))
+        best = {"reward": 0.5, "artefact": artefacts[2], "version": "policy-e002"} if epoch >= 2 else None
+        (folder.unit_dir(epoch) / "state.json").write_bytes(orjson.dumps(
+            {"applied": artefacts[epoch], "last": artefacts[epoch], "best": best}))
+    Path(artefacts[4]["serving_uri"]).write_bytes(b"GGUF")  # the run's end: only the applied one is left
+    folder.history_path.write_bytes(b"".join(orjson.dumps({"epoch": e}) + b"\n" for e in range(5)))
+    with pytest.raises(RewindError, match=r"its weights .*policy-e003.gguf are gone"):
+        folder.rewind(3, log=lambda _: None)  # no way to rebuild it: refused, naming the file
+    rebuilt: list[str] = []
+
+    def rebuild(artefact: dict) -> None:
+        rebuilt.append(artefact["version"])
+        Path(artefact["serving_uri"]).write_bytes(b"GGUF rebuilt")
+
+    folder.rewind(3, log=lambda _: None, rebuild=rebuild)
+    assert rebuilt == ["policy-e003", "policy-e002"]  # the applied (and last) one, then the best one
+    state = orjson.loads(folder.state_path.read_bytes())
+    assert state["applied"] == artefacts[3] and state["best"]["artefact"] == artefacts[2]
+    assert [line["epoch"] for line in folder.history()] == [0, 1, 2, 3]
+    assert not folder.unit_dir(4).exists() and list((folder.root / "rewound").glob("after-epoch-003-*/epoch-004"))

@@ -162,7 +162,7 @@ def test_merged_gguf_serves_the_trained_weights(shared_base: Any, tmp_path: Path
     from llama_cpp import Llama
     from peft import LoraConfig, get_peft_model
 
-    from rollgym.train.trainers.gguf_export import lora_deltas, write_merged_gguf
+    from rollgym.train.trainers.gguf_export import lora_deltas, rebuild_merged_gguf, write_merged_gguf
 
     model, tokenizer = shared_base
     peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
@@ -173,6 +173,10 @@ def test_merged_gguf_serves_the_trained_weights(shared_base: Any, tmp_path: Path
             if "lora_B" in name:
                 parameter.normal_(0, 0.02)
     path = write_merged_gguf(bundled_gguf(), lora_deltas(peft_model), tmp_path / "merged.gguf", "f32")
+    # A rewind rebuilds a pruned GGUF from the adapter the step kept: the very file the trainer exported.
+    peft_model.save_pretrained(tmp_path / "adapter")
+    rebuilt = rebuild_merged_gguf("bundled", tmp_path / "adapter", tmp_path / "rebuilt.gguf", "f32")
+    assert rebuilt.read_bytes() == path.read_bytes(), "the GGUF rebuilt from the saved adapter differs"
     prompt, completion = encode(tokenizer, "Weather in Paris?", "Paris: sunny, 22 C")
     expected = np.asarray(trainer_logprobs(peft_model, prompt, completion))
     base_logprobs = np.asarray(trainer_logprobs(model, prompt, completion))
