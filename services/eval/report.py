@@ -31,8 +31,8 @@ def rollouts_path(output: Path, environment: str, label: str) -> Path:
     return output / environment / f"{label}.jsonl"
 
 
-def cell(env: Environment, rollouts: Path) -> tuple[dict[str, Any], dict[str, float]]:
-    """One environment × model: its figures, and each task's mean reward (for paired comparisons)."""
+def cell(env: Environment, rollouts: Path) -> tuple[dict[str, Any], dict[str, stats.TaskResult]]:
+    """One environment × model: its figures, and each scored task's result (for paired comparisons)."""
     tasks, _ = read_tasks(env.tasks, env.limit)
     wanted = {task.rollout_id(k): task.group_id for task in tasks for k in range(env.repeats)}
     rewards: dict[str, list[float]] = defaultdict(list)
@@ -83,7 +83,7 @@ def cell(env: Environment, rollouts: Path) -> tuple[dict[str, Any], dict[str, fl
         estimate = stats.pass_at_k_estimate(results, k, env.pass_threshold)
         if estimate is not None:
             figures["pass_at_k"][f"pass@{k}"] = estimate.to_json()
-    return figures, {result.task: result.mean for result in results if result.n}
+    return figures, {result.task: result for result in results if result.n}
 
 
 def build_report(output: Path, compare: list[tuple[str, str]] | None = None) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def build_report(output: Path, compare: list[tuple[str, str]] | None = None) -> 
                    "failures": "rollouts whose last attempt failed are counted, never scored"},
         "environments": [], "comparisons": [], "wall_s": manifest.get("wall_s"),
     }
-    per_task: dict[tuple[str, str], dict[str, float]] = {}
+    per_task: dict[tuple[str, str], dict[str, stats.TaskResult]] = {}
     for env in environments:
         results = {}
         for label in labels:
@@ -112,7 +112,7 @@ def build_report(output: Path, compare: list[tuple[str, str]] | None = None) -> 
     for a, b in pairs:
         rows = {}
         for env in environments:
-            comparison = stats.paired_comparison(per_task[env.name, a], per_task[env.name, b])
+            comparison = stats.compare_tasks(per_task[env.name, a], per_task[env.name, b])
             rows[env.name] = comparison.to_json() if comparison else None
         report["comparisons"].append({"a": a, "b": b, "environments": rows})
     return report
@@ -129,7 +129,7 @@ def _interval(estimate: dict[str, Any] | None) -> str:
     if not estimate:
         return "-"
     if estimate["low"] is None:
-        return "(1 task)"
+        return "(1 task)" if estimate["tasks"] < 2 else "(no spread)"
     return f"[{estimate['low']:.3f}, {estimate['high']:.3f}]"
 
 
@@ -152,7 +152,7 @@ def _rows(report: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-VERDICTS = {True: "beyond noise", False: "within noise", None: "too few tasks to tell"}
+VERDICTS = {True: "beyond noise", False: "within noise"}
 
 
 def _comparison_lines(report: dict[str, Any]) -> list[list[str]]:
@@ -162,7 +162,8 @@ def _comparison_lines(report: dict[str, Any]) -> list[list[str]]:
             if row is None:
                 verdict, numbers = "no task finished by both", ["-", "-", "-"]
             else:
-                verdict = VERDICTS[row["beyond_noise"]]
+                verdict = VERDICTS.get(row["beyond_noise"]) or \
+                    ("too few tasks to tell" if row["tasks"] < 2 else "no spread to measure")
                 numbers = [f"{row['difference']:+.3f}",
                            "-" if row["low"] is None else f"[{row['low']:+.3f}, {row['high']:+.3f}]",
                            "-" if row["p_value"] is None else f"{row['p_value']:.3g}"]

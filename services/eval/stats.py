@@ -3,15 +3,41 @@
 The unit of every interval is the *task*, not the rollout: the repeats of one task share its
 difficulty, so they are not independent samples, and treating 4 repeats of 50 tasks as 200 draws
 makes an interval about twice too narrow. Each task is reduced to its own mean (or its own pass@k
-estimate) first; the interval is then Student's t over those task values,
+estimate) first, and the intervals are taken over those T task values.
 
-    mean ± t(0.975, T-1) · sd(task values) / √T
+Rewards in [0, 1] (the usual case) get *score* intervals, which stay inside [0, 1] and never have
+zero width: the set of means μ that a score test at 5 % would not reject,
 
-which is the cluster-robust (clustered by task) standard error when every task has the same number
-of rollouts, with the t quantile instead of 1.96 so that a handful of tasks is not over-trusted.
-A comparison of two models pairs them task by task (the same tasks, so the tasks' own difficulty
-cancels) and applies the same interval to the per-task differences; the difference is beyond noise
-when that interval leaves out zero.
+    (p̂ - μ)² ≤ k² · μ(1 - μ) / n          (Wilson 1927)
+
+- **pass/fail tasks** (every task value 0 or 1): the Wilson interval itself, n = T, k = z(0.975) = 1.96.
+  The variance under each μ is μ(1 - μ), so nothing is estimated: 0 of 6 tasks gives [0, 0.390],
+  6 of 6 gives [0.610, 1].
+- **graded values** (means over repeats, partial credit): the same interval at the *effective sample
+  size* n = p̂(1 - p̂) / se², where se = sd(task values) / √T is the standard error clustered by task
+  (Kish's design effect), with k = t(0.975, T-1) because se is estimated from T tasks (Korn & Graubard
+  1998). se² is never taken below var(rewards) / N, what the N rollouts would give if they were
+  independent (a design effect of at least 1; for pass/fail rewards, n ≤ N); rollouts that do not vary
+  at all count as N pass/fail draws, so six tasks that all score 0.5 get an interval, not a point.
+  pass@k estimates take their N rollouts as pass/fail draws.
+
+A comparison of two models pairs them task by task (the same tasks, so their difficulty cancels):
+the per-task differences d = b - a lie in [-1, 1], and their interval is Tango's (1998) score interval
+for a paired difference, the set of Δ with
+
+    (d̄ - Δ)² ≤ k² · V(Δ) / n,    V(Δ) = p₊ + p₋ - Δ²
+
+where p₊, p₋ (the shares of tasks B wins and loses) are their maximum-likelihood values under Δ given
+the observed shares (B's gains and losses summed over tasks, divided by T). For pass/fail tasks (d is
+-1, 0 or 1) n = T and k = z; otherwise n = V(d̄) / se² with k = t(0.975, T-1), se² never below the
+part the rollouts' own sampling noise contributes (Σ var(task's rewards) / n / T² for both models),
+and n = T when neither shows any spread. Two models that tie on all of 6 pass/fail tasks get
+[-0.390, +0.390], not [0, 0]. The p-value is the same score test at Δ = 0 (McNemar's test for pass/fail
+tasks), so a difference is beyond noise (p < 0.05) exactly when its interval leaves out 0.
+
+Rewards outside [0, 1] have no bound to score against: their interval is Student's t over the task
+values, mean ± t(0.975, T-1) · sd / √T, and when every task has the same value there is no interval.
+With one task there is none either.
 
 Failed rollouts (timeouts, crashes, a model that did not answer) are not rewards: they are counted
 apart and left out of every figure here.
@@ -22,11 +48,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
 from typing import Iterable, Mapping, Sequence
 
 LEVEL = 0.95
-METHOD = "Student t over per-task means (clustered by task), 95 %"
-PAIRED_METHOD = "paired Student t over per-task differences (tasks both models finished), 95 %"
+METHOD = ("Wilson score interval over tasks, 95 % (partial credit: at the effective sample size; rewards outside "
+          "[0, 1]: Student t)")
+PAIRED_METHOD = ("Tango's score interval over the tasks both finished, 95 % (partial credit: at the effective sample "
+                 "size; rewards outside [0, 1]: paired t)")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -60,78 +89,203 @@ class TaskResult:
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean over tasks and its 95 % interval (None when fewer than two tasks give no spread to measure)."""
+    """A mean over tasks and its 95 % interval, and the interval's method (`wilson`, `wilson-effective-n`,
+    `student-t`); low/high None with one task, or with equal values outside [0, 1]."""
 
     value: float
     low: float | None
     high: float | None
     tasks: int
+    method: str | None = None
 
-    def to_json(self) -> dict[str, float | int | None]:
-        return {"value": self.value, "low": self.low, "high": self.high, "tasks": self.tasks}
+    def to_json(self) -> dict[str, float | int | str | None]:
+        return {"value": self.value, "low": self.low, "high": self.high, "tasks": self.tasks, "method": self.method}
 
 
-def mean_interval(values: Sequence[float], level: float = LEVEL) -> Estimate | None:
-    """The mean of `values` (one per task) with its Student-t interval; None for no values."""
+def mean_interval(values: Sequence[float], level: float = LEVEL, naive_se2: float | None = None) -> Estimate | None:
+    """The mean of `values` (one per task) with its interval (see the module doc); None for no values.
+    `naive_se2`: the squared standard error of the mean were every rollout behind the values independent
+    (`naive_variance`), the least the clustered one is taken to be; default: each value one pass/fail draw."""
     count = len(values)
     if count == 0:
         return None
     mean = math.fsum(values) / count
     if count < 2:
         return Estimate(mean, None, None, count)
+    if all(v in (0.0, 1.0) for v in values):
+        return Estimate(mean, *wilson_interval(mean, count, normal_quantile(level)), count, "wilson")
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (count - 1))
-    half = t_quantile(0.5 + level / 2, count - 1) * sd / math.sqrt(count)
-    return Estimate(mean, mean - half, mean + half, count)
+    t = t_quantile(0.5 + level / 2, count - 1)
+    if all(0.0 <= v <= 1.0 for v in values):  # graded: some value strictly inside, so 0 < mean < 1
+        variance = mean * (1.0 - mean)
+        effective = _effective_size(variance, sd * sd / count, variance / count if naive_se2 is None else naive_se2,
+                                    count)
+        return Estimate(mean, *wilson_interval(mean, effective, t), count, "wilson-effective-n")
+    if sd == 0:  # equal values and no bound: nothing says how far the mean may be
+        return Estimate(mean, None, None, count, "student-t")
+    half = t * sd / math.sqrt(count)
+    return Estimate(mean, mean - half, mean + half, count, "student-t")
+
+
+def wilson_interval(p: float, n: float, k: float) -> tuple[float, float]:
+    """Wilson's score interval for a proportion p of n trials at quantile k (n may be an effective size)."""
+    c = k * k / n
+    centre = (p + c / 2) / (1 + c)
+    half = math.sqrt(c * p * (1 - p) + c * c / 4) / (1 + c)
+    return (0.0 if p == 0 else max(0.0, centre - half)), (1.0 if p == 1 else min(1.0, centre + half))
+
+
+def _effective_size(variance: float, se2: float, floor: float, tasks: int) -> float:
+    """Kish's effective sample size variance / se², se² taken at least `floor`; the T tasks when neither
+    measures any spread."""
+    se2 = max(se2, floor)
+    return variance / se2 if se2 > 0 else float(tasks)
+
+
+def naive_variance(tasks: Sequence[TaskResult], mean: float) -> float:
+    """The squared standard error of a mean over these tasks were all their finished rollouts independent:
+    var(rewards) / N. Rollouts whose rewards do not vary at all count as N pass/fail draws at `mean`."""
+    rewards = [reward for task in tasks for reward in task.rewards]
+    if not rewards:
+        return 0.0
+    centre = math.fsum(rewards) / len(rewards)
+    variance = math.fsum((reward - centre) ** 2 for reward in rewards) / len(rewards)
+    return (variance or mean * (1.0 - mean)) / len(rewards)
 
 
 def mean_reward(tasks: Iterable[TaskResult]) -> Estimate | None:
     """Mean reward: each task's mean over its finished rollouts, averaged over the tasks that have one."""
-    return mean_interval([task.mean for task in tasks if task.n])
+    scored = [task for task in tasks if task.n]
+    values = [task.mean for task in scored]
+    mean = math.fsum(values) / len(values) if values else 0.0
+    return mean_interval(values, naive_se2=naive_variance(scored, mean))
 
 
 def pass_at_k_estimate(tasks: Iterable[TaskResult], k: int, threshold: float) -> Estimate | None:
-    """pass@k averaged over the tasks with at least k finished rollouts, with its interval over tasks."""
-    return mean_interval([pass_at_k(task.n, task.passes(threshold), k) for task in tasks if task.n >= k])
+    """pass@k averaged over the tasks with at least k finished rollouts, with its interval over tasks (whose
+    rollouts count at most as that many independent pass/fail draws)."""
+    enough = [task for task in tasks if task.n >= k]
+    values = [pass_at_k(task.n, task.passes(threshold), k) for task in enough]
+    mean = math.fsum(values) / len(values) if values else 0.0
+    return mean_interval(values, naive_se2=mean * (1.0 - mean) / max(1, sum(task.n for task in enough)))
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """B - A on the tasks both finished: the mean difference, its interval, a two-sided p-value."""
+    """B - A on the tasks both finished: the mean difference, its interval, a two-sided p-value, and the
+    method (`tango`, `tango-effective-n`, `student-t`)."""
 
     difference: float
     low: float | None
     high: float | None
     p_value: float | None
     tasks: int
+    method: str | None = None
 
     @property
     def beyond_noise(self) -> bool | None:
-        """True when the interval leaves out 0; None when there are too few tasks to tell."""
+        """True when the interval leaves out 0; None when there is no interval (one task, or equal
+        differences of rewards outside [0, 1])."""
         if self.low is None or self.high is None:
             return None
         return self.low > 0 or self.high < 0
 
-    def to_json(self) -> dict[str, float | int | bool | None]:
+    def to_json(self) -> dict[str, float | int | str | bool | None]:
         return {"difference": self.difference, "low": self.low, "high": self.high, "p_value": self.p_value,
-                "tasks": self.tasks, "beyond_noise": self.beyond_noise}
+                "tasks": self.tasks, "beyond_noise": self.beyond_noise, "method": self.method}
 
 
-def paired_comparison(a: Mapping[str, float], b: Mapping[str, float], level: float = LEVEL) -> Comparison | None:
-    """Compare two models' per-task values (task → value), paired over the tasks both have."""
+def paired_comparison(a: Mapping[str, float], b: Mapping[str, float], level: float = LEVEL,
+                      noise_se2: float = 0.0) -> Comparison | None:
+    """Compare two models' per-task values (task → value), paired over the tasks both have (see the module
+    doc). `noise_se2`: the part of the mean difference's squared standard error that the rollouts' own
+    sampling noise accounts for (`sampling_noise`), the least the paired one is taken to be."""
     shared = sorted(set(a) & set(b))
-    differences = [b[task] - a[task] for task in shared]
-    estimate = mean_interval(differences, level)
-    if estimate is None:
+    if not shared:
         return None
-    p_value = None
-    if len(differences) >= 2:
-        sd = math.sqrt(math.fsum((d - estimate.value) ** 2 for d in differences) / (len(differences) - 1))
-        if sd == 0:  # every task moved by exactly the same amount
-            p_value = 1.0 if estimate.value == 0 else 0.0
+    differences = [b[task] - a[task] for task in shared]
+    count = len(differences)
+    mean = math.fsum(differences) / count
+    if count < 2:
+        return Comparison(mean, None, None, None, count)
+    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in differences) / (count - 1))
+    if all(0.0 <= a[task] <= 1.0 and 0.0 <= b[task] <= 1.0 for task in shared):
+        gains = math.fsum(d for d in differences if d > 0) / count
+        losses = -math.fsum(d for d in differences if d < 0) / count
+        if all(d in (-1.0, 0.0, 1.0) for d in differences):  # pass/fail: Tango's interval as published
+            n, quantile, method, df = float(count), normal_quantile(level), "tango", None
+        else:  # graded: some |d| strictly inside (0, 1), so the variance at the mean is positive
+            n = _effective_size(_tango_variance(mean, gains, losses), sd * sd / count, noise_se2, count)
+            quantile, method, df = t_quantile(0.5 + level / 2, count - 1), "tango-effective-n", count - 1
+        low, high = _tango_interval(mean, gains, losses, n, quantile)
+        if gains + losses == 0:  # every task tied
+            p_value = 1.0
         else:
-            statistic = abs(estimate.value) / (sd / math.sqrt(len(differences)))
-            p_value = 2.0 * (1.0 - t_cdf(statistic, len(differences) - 1))
-    return Comparison(estimate.value, estimate.low, estimate.high, p_value, len(shared))
+            statistic = abs(mean) / math.sqrt((gains + losses) / n)  # the score at Δ = 0
+            p_value = math.erfc(statistic / math.sqrt(2)) if df is None else 2.0 * (1.0 - t_cdf(statistic, df))
+        return Comparison(mean, low, high, min(1.0, p_value), count, method)
+    if sd == 0:
+        return Comparison(mean, None, None, None, count, "student-t")
+    half = t_quantile(0.5 + level / 2, count - 1) * sd / math.sqrt(count)
+    statistic = abs(mean) / (sd / math.sqrt(count))
+    return Comparison(mean, mean - half, mean + half, 2.0 * (1.0 - t_cdf(statistic, count - 1)), count, "student-t")
+
+
+def compare_tasks(a: Mapping[str, TaskResult], b: Mapping[str, TaskResult],
+                  level: float = LEVEL) -> Comparison | None:
+    """B - A over the tasks both scored (task → its result), the rollouts' sampling noise as the floor."""
+    shared = [task for task in set(a) & set(b) if a[task].n and b[task].n]
+    noise = sampling_noise([a[task] for task in shared]) + sampling_noise([b[task] for task in shared])
+    return paired_comparison({task: a[task].mean for task in shared}, {task: b[task].mean for task in shared},
+                             level, noise)
+
+
+def sampling_noise(tasks: Sequence[TaskResult]) -> float:
+    """The squared standard error that a mean of these tasks' means owes to their rollouts' own spread,
+    Σ var(task's rewards) / n / T² (a task with one rollout shows none)."""
+    total = 0.0
+    for task in tasks:
+        if task.n > 1:
+            centre = task.mean
+            total += math.fsum((r - centre) ** 2 for r in task.rewards) / (task.n - 1) / task.n
+    return total / len(tasks) ** 2 if tasks else 0.0
+
+
+def _tango_variance(delta: float, gains: float, losses: float) -> float:
+    """V(Δ) = p₊ + p₋ - Δ², with p₋ the maximum-likelihood share of losses given Δ = p₊ - p₋ and the
+    observed shares of gains and losses (Tango 1998), and p₊ = p₋ + Δ."""
+    if delta < 0:  # the mirror image: B's losses are A's gains
+        return _tango_variance(-delta, losses, gains)
+    b = (gains + losses) * (1 - delta) - 2 * delta * (1 - gains)
+    q = (b + math.sqrt(max(0.0, b * b + 8 * losses * delta * (1 - delta)))) / 4
+    return max(0.0, 2 * q + delta - delta * delta)
+
+
+def _tango_interval(mean: float, gains: float, losses: float, n: float, k: float) -> tuple[float, float]:
+    """The Δ in [-1, 1] whose score n(mean - Δ)² / V(Δ) stays within k², by bisection from the mean outwards."""
+    def outside(delta: float) -> bool:
+        return n * (mean - delta) ** 2 > k * k * _tango_variance(delta, gains, losses)
+
+    bounds = []
+    for edge in (-1.0, 1.0):
+        if not outside(edge):
+            bounds.append(edge)
+            continue
+        inside, out = mean, edge
+        for _ in range(100):
+            middle = (inside + out) / 2
+            if outside(middle):
+                out = middle
+            else:
+                inside = middle
+        bounds.append(inside)
+    return bounds[0], bounds[1]
+
+
+@lru_cache(maxsize=64)
+def normal_quantile(level: float) -> float:
+    """The two-sided normal quantile of `level` (1.959964 for 0.95)."""
+    return NormalDist().inv_cdf(0.5 + level / 2)
 
 
 # --- Student's t, without scipy ------------------------------------------------------------------
@@ -196,5 +350,6 @@ def _beta_fraction(a: float, b: float, x: float) -> float:
     return result
 
 
-__all__ = ["Comparison", "Estimate", "LEVEL", "METHOD", "PAIRED_METHOD", "TaskResult", "mean_interval",
-           "mean_reward", "paired_comparison", "pass_at_k", "pass_at_k_estimate", "t_cdf", "t_quantile"]
+__all__ = ["Comparison", "Estimate", "LEVEL", "METHOD", "PAIRED_METHOD", "TaskResult", "compare_tasks",
+           "mean_interval", "mean_reward", "naive_variance", "normal_quantile", "paired_comparison", "pass_at_k",
+           "pass_at_k_estimate", "sampling_noise", "t_cdf", "t_quantile", "wilson_interval"]

@@ -23,6 +23,7 @@ environments:
   reverse_text:
     config: resources_servers/reverse_text/configs/reverse_text.yaml
     tasks: resources_servers/reverse_text/data/example.jsonl
+    repeats: 4
   weather:
     config: [resources_servers/weather/configs/weather.yaml]
     tasks: resources_servers/weather/data/example.jsonl
@@ -66,9 +67,13 @@ def test_two_models_side_by_side_with_compare_and_resume(stack, tmp_path: Path, 
     assert report["models"][1]["model_version"].startswith("tuned@")
     envs = {env["name"]: env for env in report["environments"]}
     reverse, weather = envs["reverse_text"]["results"], envs["weather"]["results"]
-    assert reverse["base"]["rollouts"] == 10 and reverse["base"]["tasks_scored"] == 5 and reverse["base"]["failed"] == 0
+    assert reverse["base"]["rollouts"] == 20 and reverse["base"]["tasks_scored"] == 5 and reverse["base"]["failed"] == 0
     assert weather["tuned"]["rollouts"] == 6  # limit 3 × repeats 2
-    assert reverse["base"]["mean_reward"]["value"] == 1.0 and reverse["base"]["pass_at_k"]["pass@2"]["value"] == 1.0
+    assert reverse["base"]["mean_reward"]["value"] == 1.0 and reverse["base"]["pass_at_k"]["pass@4"]["value"] == 1.0
+    # every task passed: Wilson's interval over the 5 tasks, [5/(5 + z²), 1], not [1, 1]
+    assert reverse["base"]["mean_reward"]["low"] == pytest.approx(5 / (5 + 1.959964 ** 2))
+    assert reverse["base"]["mean_reward"]["method"] == "wilson"
+    assert reverse["tuned"]["mean_reward"]["method"] == "wilson-effective-n"  # partial credit
     assert reverse["tuned"]["mean_reward"]["value"] < 0.9  # "[tuned] " in front of the reversed text
     assert reverse["tuned"]["pass_at_k"]["pass@1"]["value"] == 0.0
     assert weather["base"]["mean_reward"]["value"] == weather["tuned"]["mean_reward"]["value"] == 1.0
@@ -89,10 +94,11 @@ def test_two_models_side_by_side_with_compare_and_resume(stack, tmp_path: Path, 
     # Again: nothing left to run; the table says which difference is beyond noise.
     assert evaluate(*args) == 0
     captured = capsys.readouterr()
-    assert "resuming: 10 of 10 rollouts already" in captured.err
+    assert "resuming: 20 of 20 rollouts already" in captured.err
     table = captured.out
     assert "reverse_text  base" in table and "beyond noise" in table and "within noise" in table
-    assert "Student t over per-task means" in table
+    assert "reverse_text  base   5      20        0       1.000        [0.566, 1.000]" in table
+    assert "Wilson score interval over tasks" in table
 
     # Rendering alone, the other way round, as markdown.
     assert evaluate("--report", str(out), "--compare", "tuned", "base", "--format", "markdown") == 0
@@ -119,7 +125,7 @@ def one_line_error(capsys) -> str:
 
 @pytest.mark.parametrize("suite_text, message", [
     ("environments: {}\n", "key 'environments'"),
-    (SUITE.replace("repeats: 2", "repeat: 2"), "key 'repeat': Extra inputs are not permitted"),
+    (SUITE.replace("repeats: 2", "repeat: 2"), "key 'repeat': unknown option"),
     (SUITE.replace("example.jsonl\n    limit", "nope.jsonl\n    limit"),
      "key 'environments.weather.tasks': no such task file: resources_servers/weather/data/nope.jsonl"),
     (SUITE.replace("    limit: 3", "    limit: 0"), "key 'environments.weather.limit'"),

@@ -93,3 +93,36 @@ def test_the_report_page_in_the_viewer(folder: Path) -> None:
         missing = client.get("/api/evaluations/e9")
         assert missing.status_code == 404 and "no evaluation 'e9'" in missing.text
         assert "api/evaluations/${id}" in client.get("/static/app.js").text  # the page that draws it
+
+
+def test_tasks_that_all_scored_0_get_an_interval_not_a_point(tmp_path: Path) -> None:
+    """Six tasks, two rollouts each, every reward 0: Wilson's interval over the six tasks, [0, z²/(6 + z²)],
+    where Student's t over six equal values said [0.000, 0.000]; the comparison of two such models is
+    no more certain."""
+    tasks = tmp_path / "tasks.jsonl"
+    rows(tasks, [{"group_id": f"t{i}", "responses_create_params": {"input": f"task {i}"}} for i in range(6)])
+    env = Environment("hard", [tmp_path / "hard.yaml"], tasks, "hard_agent", repeats=2, limit=None, pass_threshold=1.0)
+    out = tmp_path / "out"
+    write_manifest(out, None, [env], [Model("a", "base", "base"), Model("b", "b", "b")])
+    for label in ("a", "b"):
+        rows(out / "hard" / f"{label}.jsonl", [rollout(f"t{i}", k, 0.0) for i in range(6) for k in range(2)])
+    report = build_report(out)
+    mean = report["environments"][0]["results"]["a"]["mean_reward"]
+    assert (mean["value"], mean["low"], mean["method"]) == (0.0, 0.0, "wilson")
+    assert mean["high"] == pytest.approx(1.959964 ** 2 / (6 + 1.959964 ** 2))
+    assert "[0.000, 0.390]" in render_table(report) and "[0.000, 0.000]" not in render_table(report)
+    difference = report["comparisons"][0]["environments"]["hard"]
+    assert (difference["low"], difference["high"]) == (pytest.approx(-0.390, abs=1e-3), pytest.approx(0.390, abs=1e-3))
+    assert (difference["p_value"], difference["beyond_noise"]) == (1.0, False)
+
+
+def test_equal_rewards_outside_0_1_have_no_interval_and_say_why(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    rows(tasks, [{"group_id": f"t{i}", "responses_create_params": {"input": f"task {i}"}} for i in range(3)])
+    env = Environment("cliff", [tmp_path / "cliff.yaml"], tasks, "agent", repeats=1, limit=None, pass_threshold=1.0)
+    out = tmp_path / "out"
+    write_manifest(out, None, [env], [Model("a", "base", "base"), Model("b", "b", "b")])
+    rows(out / "cliff" / "a.jsonl", [rollout(f"t{i}", 0, -13.0) for i in range(3)])  # a return, not in [0, 1]
+    rows(out / "cliff" / "b.jsonl", [rollout(f"t{i}", 0, -14.0) for i in range(3)])
+    table = render_table(build_report(out))
+    assert "-13.000      (no spread)" in table and "no spread to measure" in table
