@@ -9,7 +9,9 @@ from __future__ import annotations
 from .common import STARTED, UsageError  # first: STARTED times the start-up honestly
 
 import argparse  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 
 from . import adapters, collect, data, envkit, eval, orchestrate, stack, train, view  # noqa: E402
 
@@ -38,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     from ..stack.limits import raise_open_file_limit
 
     raise_open_file_limit()
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        # A background job of a script starts with SIGINT ignored, and Python keeps it ignored: every
+        # long command (train, orchestrate, collect-rollouts, eval) would then go on through Ctrl-C or
+        # `kill -INT`, which should stop it cleanly (a collection resumes where it stopped).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return args.handler(args)
     except (ConfigError, UsageError) as exc:
