@@ -21,7 +21,7 @@ This is the one advantage computation: the curation of `rollgym train`, the orch
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 

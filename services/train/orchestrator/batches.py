@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from .config import OrchestratorConfig
 from .errors import OrchestratorError

@@ -29,7 +29,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ...data.records import model_token_mask
 from .grpo_config import GRPOConfig
