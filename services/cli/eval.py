@@ -17,8 +17,9 @@ def register(commands: Any) -> None:
         "eval", help="evaluate models/adapters on environments: mean reward, pass@k, 95%% CI, comparisons",
         description="Runs every environment of a suite (or --env NAME ...) against every --model through the "
                     "rollout collector, into OUTPUT/ENV/MODEL.jsonl (rerunning resumes), and reports per "
-                    "environment and model the mean reward with a 95% interval over tasks, unbiased pass@k "
-                    "and failures counted apart; --compare A B says which differences are beyond noise. "
+                    "environment and model the mean reward with a 95% score interval over tasks, unbiased "
+                    "pass@k and failures counted apart, also per task source in a mixture (e.g. each "
+                    "reasoning-gym generator); --compare A B says which differences are beyond noise. "
                     "docs/eval.md")
     run.add_argument("suite", nargs="?", help="a suite YAML file, or a bundled suite's name (evals/NAME.yaml)")
     run.add_argument("--env", action="append", metavar="NAME",

@@ -190,3 +190,48 @@ def test_failed_rollouts_are_counted_apart_never_as_zero(tmp_path: Path, capsys,
     assert result["failed"] > 0 and result["rollouts"] + result["failed"] == 20 and result["missing"] == 0
     assert set(result["failure_statuses"]) == {"model_error"}
     assert result["mean_reward"]["value"] == 1.0  # every scored rollout reversed its word: no failure became a 0
+
+
+def test_a_mixture_prints_a_line_per_source(stack, tmp_path: Path, capsys) -> None:
+    """reverse_text's example tasks as a mixture of two sources (a `source` field on each row): four single
+    words and one two-word phrase. Each source gets its line under the environment's, in the table, the
+    JSON and report.md, with figures that the rollouts files bear out."""
+    registry, _, adapter = stack
+    example = (REPO_ROOT / "resources_servers/reverse_text/data/example.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in example]
+    for row in rows:
+        row["source"] = "phrase" if " " in row["text"] else "word"
+    tasks = tmp_path / "mixture.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    suite = tmp_path / "mixture.yaml"
+    suite.write_text(f"repeats: 2\nenvironments:\n  reverse_text:\n"
+                     f"    config: resources_servers/reverse_text/configs/reverse_text.yaml\n    tasks: {tasks}\n")
+    out = tmp_path / "out"
+    args = [str(suite), "--registry-file", str(registry), "--model", "base", "--model", f"tuned={adapter}",
+            "--output", str(out)]
+    assert evaluate(*args, "--format", "json") == 0
+    (env,) = json.loads(capsys.readouterr().out)["environments"]
+    assert env["source_field"] == "source"
+    base, tuned = env["results"]["base"]["sources"], env["results"]["tuned"]["sources"]
+    assert set(base) == set(tuned) == {"phrase", "word"}
+    assert (base["word"]["tasks"], base["word"]["rollouts"], base["word"]["mean_reward"]["value"]) == (4, 8, 1.0)
+    assert base["word"]["mean_reward"]["low"] == pytest.approx(4 / (4 + 1.959964 ** 2))  # Wilson, 4 of 4 tasks
+    assert (base["phrase"]["tasks"], base["phrase"]["mean_reward"]["low"]) == (1, None)  # one task: no interval
+    by_source: dict[str, list[float]] = {"phrase": [], "word": []}
+    for line in (out / "reverse_text" / "tuned.jsonl").read_text().splitlines():
+        rollout = json.loads(line)  # it carries its task row's fields
+        by_source["phrase" if " " in rollout["text"] else "word"].append(rollout["reward"])
+    for name, rewards in by_source.items():  # two repeats of each task: the mean of the task means is theirs
+        assert tuned[name]["rollouts"] == len(rewards)
+        assert tuned[name]["mean_reward"]["value"] == pytest.approx(sum(rewards) / len(rewards))
+
+    assert evaluate("--report", str(out)) == 0
+    table = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(table) if line.startswith("reverse_text"))
+    assert [line.split()[:4] for line in table[at:at + 6]] == [
+        ["reverse_text", "base", "5", "10"], ["tuned", "5", "10", "0"],
+        ["phrase", "base", "1", "2"], ["tuned", "1", "2", "0"],
+        ["word", "base", "4", "8"], ["tuned", "4", "8", "0"]]
+    assert table[at + 2].startswith("  phrase ") and "(1 task)" in table[at + 2]
+    assert "sources: reverse_text by each task's `source`" in table
+    assert "| ↳ word | base | 4 | 8 | 0 | 1.000 |" in (out / "report.md").read_text()

@@ -4,16 +4,26 @@ apart from rewards, renderings, and the report's page in `rollgym view`."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from rollgym.eval.report import build_report, render_markdown, render_table, write_report
+from rollgym.eval.report import (
+    SOURCE_FIELDS,
+    build_report,
+    render_markdown,
+    render_table,
+    task_source,
+    task_sources,
+    write_report,
+)
 from rollgym.eval.runner import write_manifest
 from rollgym.eval.models import Model
 from rollgym.eval.suite import Environment
+from rollgym.rollouts.collector import read_tasks
 from rollgym.testing import serve_in_thread
 from rollgym.view.app import ViewServer
 from rollgym.view.runs import Catalog
@@ -126,3 +136,80 @@ def test_equal_rewards_outside_0_1_have_no_interval_and_say_why(tmp_path: Path) 
     rows(out / "cliff" / "b.jsonl", [rollout(f"t{i}", 0, -14.0) for i in range(3)])
     table = render_table(build_report(out))
     assert "-13.000      (no spread)" in table and "no spread to measure" in table
+
+
+def test_a_mixture_is_broken_down_by_source(tmp_path: Path) -> None:
+    """Real reasoning-gym rows (the first seven of the bundled held-out mixture: leg_counting and
+    spell_backward, named by each row's `dataset`), two repeats, rewards written by hand: each generator
+    gets its own n, mean and interval under the environment's line."""
+    source = Path(__file__).resolve().parents[2] / "resources_servers/reasoning_gym/data/easy_validation.jsonl"
+    tasks_file = tmp_path / "mixture.jsonl"
+    tasks_file.write_text("".join(source.read_text().splitlines(keepends=True)[:7]))
+    tasks, _ = read_tasks(tasks_file)
+    assert [task.row["dataset"] for task in tasks] == ["leg_counting", "leg_counting", "spell_backward",
+                                                       "leg_counting", "leg_counting", "spell_backward",
+                                                       "spell_backward"]
+    env = Environment("rg", [tmp_path / "rg.yaml"], tasks_file, "rg_agent", repeats=2, limit=None, pass_threshold=1.0)
+    out = tmp_path / "out"
+    write_manifest(out, "mix", [env], [Model("a", "base", "base")])
+    rewards = [(1.0, 1.0), (1.0, 0.0), (0.0, 0.0), (0.0, 0.0), (1.0, 1.0), (0.0, 0.0), (0.0,)]  # task 7: one failed
+    rows(out / "rg" / "a.jsonl", [{"rollout_id": task.rollout_id(k), "group_id": task.group_id, "reward": reward}
+                                  for task, pair in zip(tasks, rewards) for k, reward in enumerate(pair)])
+    rows(out / "rg" / "a.failures.jsonl", [{"rollout_id": tasks[6].rollout_id(1), "final": True, "status": "timeout"}])
+    report = build_report(out)
+    (environment,) = report["environments"]
+    assert environment["source_field"] == "dataset"
+    result = environment["results"]["a"]
+    legs, spelling = result["sources"]["leg_counting"], result["sources"]["spell_backward"]
+    assert (legs["tasks"], legs["rollouts"], legs["failed"], legs["missing"]) == (4, 8, 0, 0)
+    assert (spelling["tasks"], spelling["rollouts"], spelling["failed"], spelling["failure_statuses"]) == \
+        (3, 5, 1, {"timeout": 1})
+    assert result["rollouts"] == 13 and result["failed"] == 1  # the environment's line still holds all seven
+    # leg_counting: task means 1, 0.5, 0, 1: mean 0.625; se² = var(means)/4 = 0.05729 is above the
+    # rollouts' own var/N = 0.625·0.375/8 = 0.02930, so n_eff = 0.234375/0.05729 = 4.09 at t(0.975, 3)
+    assert legs["mean_reward"]["value"] == 0.625 and legs["mean_reward"]["method"] == "wilson-effective-n"
+    means = [1.0, 0.5, 0.0, 1.0]
+    se2 = sum((m - 0.625) ** 2 for m in means) / 3 / 4
+    low, high = wilson_by_hand(0.625, 0.625 * 0.375 / se2, 3.182446305284263)
+    assert (legs["mean_reward"]["low"], legs["mean_reward"]["high"]) == (pytest.approx(low), pytest.approx(high))
+    assert legs["pass_at_k"]["pass@1"]["value"] == pytest.approx(0.625)
+    # spell_backward: 0 of 3 tasks, Wilson [0, z²/(3 + z²)]
+    z = 1.959963984540054
+    assert (spelling["mean_reward"]["value"], spelling["mean_reward"]["low"]) == (0.0, 0.0)
+    assert spelling["mean_reward"]["high"] == pytest.approx(z * z / (3 + z * z))
+
+    legs_interval = f"[{low:.3f}, {high:.3f}]".split()
+    table = render_table(report).splitlines()
+    at = next(i for i, line in enumerate(table) if line.startswith("rg "))
+    assert table[at + 1].split() == ["leg_counting", "a", "4", "8", "0", "0.625", *legs_interval, "0.625", "0.750"]
+    assert table[at + 1].startswith("  leg_counting ")  # under the environment's line, indented
+    assert table[at + 2].split() == ["spell_backward", "a", "3", "5", "1", "(timeout", "1)", "0.000", "[0.000,",
+                                     "0.561]", "0.000", "0.000"]
+    assert "sources: rg by each task's `dataset`" in table
+    markdown = render_markdown(report)
+    assert "| ↳ leg_counting | a | 4 | 8 | 0 | 0.625 |" in markdown
+    assert "- sources: rg by each task's `dataset`" in markdown
+
+
+def test_one_source_or_none_gives_no_breakdown(folder: Path, tmp_path: Path) -> None:
+    report = build_report(folder)  # the toy tasks name no source
+    assert report["environments"][0]["source_field"] is None
+    assert "sources" not in report["environments"][0]["results"]["a"] and "sources:" not in render_table(report)
+    single = tmp_path / "one.jsonl"
+    rows(single, [{"dataset": "leg_counting", "responses_create_params": {"input": "x"}}] * 2)
+    env = Environment("one", [tmp_path / "one.yaml"], single, "agent", repeats=1, limit=None, pass_threshold=1.0)
+    assert task_sources(env) == (None, {})
+
+
+def test_the_source_fields_in_order() -> None:
+    row = {"source": "mine", "metadata": {"source_dataset": "rg"}, "dataset": "leg_counting", "env_id": "x"}
+    assert [task_source(row, field) for field in SOURCE_FIELDS] == ["mine", None, "rg", "leg_counting", "x"]
+    assert task_source({"dataset": {"name": "x"}}, "dataset") is None  # not a name
+    assert task_source({"dataset": ""}, "dataset") is None and task_source({"env_id": 3}, "env_id") == "3"
+    assert task_source({"metadata": "text"}, "metadata.source") is None
+
+
+def wilson_by_hand(p: float, n: float, k: float) -> tuple[float, float]:
+    """(p + k²/2n ± k·√(p(1-p)/n + k²/4n²)) / (1 + k²/n)."""
+    centre, half = p + k * k / (2 * n), k * math.sqrt(p * (1 - p) / n + k * k / (4 * n * n))
+    return (centre - half) / (1 + k * k / n), (centre + half) / (1 + k * k / n)
