@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import orjson
-
+from ...data.jsonl import read_whole_lines, write_jsonl_atomic
 from .transports.folders import StepFolders
 
 
@@ -56,15 +55,8 @@ def resume_point(folders: StepFolders, finished: int | None = None,
 
 def repair_history(path: Path, folders: StepFolders, published: list[int]) -> None:
     """history.jsonl gets one line per published step (a kill may have come between the two writes)."""
-    have: dict[int, bytes] = {}
-    if path.exists():
-        for line in path.read_bytes().splitlines():
-            try:
-                have[int(orjson.loads(line)["step"])] = line
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-                continue  # a torn last line
-    lines = [have.get(step) or orjson.dumps(folders.meta(step)["metrics"]) for step in published]
-    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    have = {line["step"]: line for line in read_whole_lines(path) if isinstance(line, dict) and isinstance(line.get("step"), int)}
+    write_jsonl_atomic(path, [have.get(step) or folders.meta(step)["metrics"] for step in published])
 
 
 __all__ = ["ResumeError", "ResumePoint", "repair_history", "resume_point"]
