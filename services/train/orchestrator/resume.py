@@ -55,7 +55,8 @@ def resume_point(folders: StepFolders, finished: int | None = None,
 
 def repair_history(path: Path, folders: StepFolders, published: list[int]) -> None:
     """history.jsonl gets one line per published step (a kill may have come between the two writes)."""
-    have = {line["step"]: line for line in read_whole_lines(path) if isinstance(line, dict) and isinstance(line.get("step"), int)}
+    have = {line["step"]: line for line in read_whole_lines(path)
+            if isinstance(line, dict) and isinstance(line.get("step"), int)}
     write_jsonl_atomic(path, [have.get(step) or folders.meta(step)["metrics"] for step in published])
 
 
