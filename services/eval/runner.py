@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from ..client import ServerClient
+from ..data.jsonl import write_atomic
 from ..rollouts.collector import CollectOptions, Collector
 from .models import Model
 from .report import MANIFEST, rollouts_path
@@ -56,9 +57,7 @@ def write_manifest(output: Path, suite: str | None, environments: list[Environme
     output.mkdir(parents=True, exist_ok=True)
     data = {"suite": suite, "environments": [env.to_json() for env in environments],
             "models": [model.to_json() for model in models], **extra}
-    partial = output / (MANIFEST + ".tmp")
-    partial.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
-    partial.replace(output / MANIFEST)
+    write_atomic(output / MANIFEST, orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 async def collect_all(registry: Mapping[str, Any], environments: list[Environment], models: list[Model],
