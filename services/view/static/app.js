@@ -187,7 +187,7 @@ async function pageTraining(id, refreshing) {
 }
 
 // --- an evaluation's report (rollgym eval): environments × models side by side, and the comparisons
-const ci = (e) => !e ? "–" : (e.low === null ? "(1 task)" : `[${fmt(e.low)}, ${fmt(e.high)}]`);
+const ci = (e) => !e ? "–" : (e.low === null ? (e.tasks < 2 ? "(1 task)" : "(no spread)") : `[${fmt(e.low)}, ${fmt(e.high)}]`);
 
 async function pageEvaluation(id, refreshing) {
   crumbs(["runs", "#/"], [`evaluation ${id}`, null]);
