@@ -103,10 +103,13 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
     rho = log_rho.exp()
     weight = rho.clamp(max=config.tis_cap) if config.correction == "tis" else torch.ones_like(rho)
 
-    per_rollout = torch.zeros(rollouts, dtype=log_rho.dtype).index_add_(0, rollout_index, log_rho)
-    lengths = torch.zeros(rollouts, dtype=log_rho.dtype).index_add_(0, rollout_index, torch.ones_like(log_rho))
+    # Every tensor made here is made on the batch's device (on CUDA a CPU one fails at index_add_).
+    device = logprobs.device
+    per_rollout = torch.zeros(rollouts, dtype=log_rho.dtype, device=device).index_add_(0, rollout_index, log_rho)
+    lengths = torch.zeros(rollouts, dtype=log_rho.dtype, device=device).index_add_(
+        0, rollout_index, torch.ones_like(log_rho))
     rollout_rho = (per_rollout / lengths.clamp(min=1)).exp()
-    keep_rollout = torch.ones(rollouts, dtype=torch.bool)
+    keep_rollout = torch.ones(rollouts, dtype=torch.bool, device=device)
     if config.mask_low is not None:
         keep_rollout &= rollout_rho >= config.mask_low
     if config.mask_high is not None:

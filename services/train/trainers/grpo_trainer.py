@@ -398,13 +398,12 @@ class PolicyTrainer:
         import torch
 
         width = max(s.length for s in sequences)
-        ids = torch.zeros((len(sequences), width), dtype=torch.long)
-        attention = torch.zeros((len(sequences), width), dtype=torch.long)
+        ids, attention = [], []
         positions, targets, temperatures, sampled, rollout, advantages = [], [], [], [], [], []
         for row, seq in enumerate(sequences):
             tokens = seq.prompt_ids + seq.completion_ids
-            ids[row, :len(tokens)] = torch.tensor(tokens)
-            attention[row, :len(tokens)] = 1
+            ids.append(tokens + [0] * (width - len(tokens)))
+            attention.append([1] * len(tokens) + [0] * (width - len(tokens)))
             for j, (token, keep) in enumerate(zip(seq.completion_ids, seq.loss_mask)):
                 if keep:
                     positions.append(row * width + len(seq.prompt_ids) + j - 1)
@@ -413,8 +412,10 @@ class PolicyTrainer:
                     rollout.append(row)
                     temperatures.append(seq.temperature)
                     advantages.append(seq.advantage)
+        # Made where the model is, straight from the lists (a tensor made without a device is a CPU one).
         device = self.device
-        return {"input_ids": ids.to(device), "attention_mask": attention.to(device),
+        return {"input_ids": torch.tensor(ids, dtype=torch.long, device=device),
+                "attention_mask": torch.tensor(attention, dtype=torch.long, device=device),
                 "positions": torch.tensor(positions, dtype=torch.long, device=device),
                 "targets": torch.tensor(targets, dtype=torch.long, device=device),
                 "temperatures": torch.tensor(temperatures, dtype=torch.float32, device=device),
@@ -434,7 +435,7 @@ class PolicyTrainer:
         with torch.no_grad():
             for seq in batch:
                 if not seq.loss_tokens:
-                    out.append(torch.zeros(0))
+                    out.append(torch.zeros(0, device="cpu"))
                     continue
                 tensors = self._tensors([seq])
                 out.append(self._forward(tensors).detach().cpu())

@@ -1,0 +1,89 @@
+"""Where the trainer's tensors live, so that the CPU-only CI catches what would fail on the first CUDA step:
+no tensor factory in the loss or the trainer's step runs without naming the batch's device, the
+data-parallel reductions run on the process group's device, each process binds its own GPU, the model
+is loaded with fp32 master weights, and a checkpoint carries the CUDA RNG state. The `gpu` tests run
+the same paths on a real card (skipped without one)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from rollgym.train.trainers.grpo_config import GRPOConfig  # noqa: E402
+from rollgym.train.trainers.grpo_loss import LossConfig, policy_loss  # noqa: E402
+from rollgym.train.trainers.grpo_trainer import PolicyTrainer, TrainSequence  # noqa: E402
+
+from .device_guard import DefaultDeviceFactories  # noqa: E402
+
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+def batch(seed: int = 1) -> list[TrainSequence]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for i, (prompt, completion) in enumerate([(5, 6), (3, 9), (7, 4), (4, 7)]):
+        ids = torch.randint(0, 40, (prompt + completion,), generator=generator).tolist()
+        logprobs = (-3.7 + (torch.rand(completion, generator=generator) - 0.5) * 0.6).tolist()
+        out.append(TrainSequence(ids[:prompt], ids[prompt:], [1] * completion, logprobs,
+                                 advantage=[1.0, -0.5, 0.8, -1.2][i], temperature=1.0))
+    return out
+
+
+def loss_inputs(device: str) -> dict:
+    generator = torch.Generator().manual_seed(4)
+    count = 9
+    logprobs = (-2 + torch.rand(count, generator=generator)).to(device).requires_grad_()
+    return dict(logprobs=logprobs, old_logprobs=logprobs.detach() + 0.1,
+                sampling_logprobs=(-2 + torch.rand(count, generator=generator)).to(device),
+                advantages=torch.tensor([1.0] * 4 + [-1.0] * 5, device=device),
+                rollout_index=torch.tensor([0] * 4 + [1] * 5, device=device),
+                scales=torch.full((count,), 1 / count, device=device),
+                ref_logprobs=(-2 + torch.rand(count, generator=generator)).to(device))
+
+
+def test_the_loss_makes_no_tensor_on_the_default_device() -> None:
+    inputs = loss_inputs("cpu")
+    with DefaultDeviceFactories() as guard:
+        terms = policy_loss(config=LossConfig(kl_beta=0.1), **inputs)
+        terms.loss.backward()
+    assert guard.calls == []
+    assert terms.tokens == 9 and inputs["logprobs"].grad is not None
+
+
+def test_a_trainer_step_makes_no_tensor_on_the_default_device(tiny_model) -> None:
+    for args in (GRPOConfig(lora=LORA, mini_batches=2, loss=LossConfig(kl_beta=0.1), micro_batch_tokens=24),
+                 GRPOConfig(finetune="full", epochs=2.0)):
+        trainer = PolicyTrainer(args, tiny_model)
+        trainer.load(None)
+        with DefaultDeviceFactories() as guard:
+            metrics = trainer.train_batch(batch())
+        assert guard.calls == [], args
+        assert metrics["tokens"] > 0
+
+
+@gpu
+@pytest.mark.gpu
+def test_the_loss_and_a_trainer_step_run_on_cuda(tiny_model) -> None:
+    terms = policy_loss(config=LossConfig(kl_beta=0.1), **loss_inputs("cuda"))
+    terms.loss.backward()
+    assert terms.loss.device.type == "cuda"
+    for finetune in ("lora", "full"):
+        trainer = PolicyTrainer(GRPOConfig(lora=LORA, finetune=finetune, mini_batches=2), tiny_model)
+        trainer.load(None)
+        assert next(trainer.model.parameters()).device.type == "cuda"
+        assert trainer.train_batch(batch())["tokens"] > 0
