@@ -102,6 +102,13 @@ class DistInfo:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 
     @property
+    def device(self) -> Any:
+        """This process's device: its own GPU (the one NCCL reduces on), else the CPU (gloo)."""
+        import torch
+
+        return torch.device(f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu")
+
+    @property
     def distributed(self) -> bool:
         return self.world > 1
 
@@ -128,7 +135,8 @@ class DistInfo:
         import torch.distributed as dist
 
         op = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[how]
-        tensor = torch.tensor(values, dtype=torch.float64)
+        # On the process group's device: NCCL refuses CPU tensors.
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor, op=op)
         return tensor.tolist()
 
@@ -177,7 +185,7 @@ class PolicyTrainer:
         self.dist.init()
         if args.threads:
             torch.set_num_threads(args.threads)
-        self.device = torch.device(f"cuda:{self.dist.local_rank}" if torch.cuda.is_available() else "cpu")
+        self.device = self.dist.device
         self.step = 0
         self.checkpoint: str | None = None  # the state this trainer holds, as a checkpoint folder or adapter
         self.model: Any = None

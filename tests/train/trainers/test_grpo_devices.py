@@ -87,3 +87,44 @@ def test_the_loss_and_a_trainer_step_run_on_cuda(tiny_model) -> None:
         trainer.load(None)
         assert next(trainer.model.parameters()).device.type == "cuda"
         assert trainer.train_batch(batch())["tokens"] > 0
+
+
+def test_the_data_parallel_reductions_run_on_the_process_groups_device(monkeypatch) -> None:
+    import torch.distributed as dist
+
+    from rollgym.train.trainers.grpo_trainer import DistInfo
+
+    reduced = []
+
+    def all_reduce(tensor, op):  # two processes that hold the same values
+        reduced.append(tensor.device)
+        tensor.mul_(2) if op == dist.ReduceOp.SUM else None
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    info = DistInfo()
+    with DefaultDeviceFactories() as guard:
+        sums = info.all_sum([1.5, 2.0])
+        lowest = info.all_min([0.25])
+    assert guard.calls == []
+    assert sums == [3.0, 4.0] and lowest == [0.25]
+    assert reduced == [info.device, info.device]
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_nccl_group_reduces_the_trainers_sums(monkeypatch) -> None:
+    import torch.distributed as dist
+
+    from rollgym.train.trainers.grpo_trainer import DistInfo
+
+    for key, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29533"}.items():
+        monkeypatch.setenv(key, value)
+    dist.init_process_group("nccl")
+    try:
+        info = DistInfo()
+        info.world = 2  # the reductions' own code path; one process sums only its own values
+        assert info.all_sum([1.5, 2.0]) == [1.5, 2.0]
+    finally:
+        dist.destroy_process_group()
