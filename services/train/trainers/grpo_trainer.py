@@ -116,6 +116,10 @@ class DistInfo:
         import torch
         import torch.distributed as dist
 
+        if torch.cuda.is_available():
+            # Bind this process's GPU first: otherwise every rank's NCCL calls (broadcast_object_list
+            # included) land on cuda:0.
+            torch.cuda.set_device(self.local_rank)
         if self.distributed and not dist.is_initialized():
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
 

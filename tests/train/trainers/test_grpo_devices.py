@@ -128,3 +128,21 @@ def test_a_nccl_group_reduces_the_trainers_sums(monkeypatch) -> None:
         assert info.all_sum([1.5, 2.0]) == [1.5, 2.0]
     finally:
         dist.destroy_process_group()
+
+
+def test_each_process_binds_its_own_gpu_before_joining_the_group(monkeypatch) -> None:
+    import torch.distributed as dist
+
+    from rollgym.train.trainers.grpo_trainer import DistInfo
+
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("set_device", index)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **_: calls.append(("init", backend)))
+    info = DistInfo()
+    info.init()
+    assert calls == [("set_device", 1), ("init", "nccl")]
+    assert info.device == torch.device("cuda:1")
