@@ -78,15 +78,16 @@ def load_gguf_policy(gguf_path: str | os.PathLike[str],
 
 
 def load_base(base_model: str) -> tuple[Any, Any]:
-    """(model, tokenizer) of the base model, fp32 on CPU, or the model's own dtype on a GPU."""
+    """(model, tokenizer) of the base model in fp32, on a GPU too: these are a trainer's master weights, and
+    AdamW over bf16 weights loses most updates at small learning rates (bf16 keeps 8 bits of mantissa).
+    `precision: bf16` is autocast over them; a server that wants another dtype casts after loading."""
     gguf = gguf_of(base_model)
     if gguf is not None:
         return load_gguf_policy(gguf, hf_cache_dir())
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
     try:
         tokenizer = AutoTokenizer.from_pretrained(base_model)
     except (OSError, ValueError):  # weights without a tokenizer: the RL trainer needs only token ids

@@ -146,3 +146,14 @@ def test_each_process_binds_its_own_gpu_before_joining_the_group(monkeypatch) ->
     info.init()
     assert calls == [("set_device", 1), ("init", "nccl")]
     assert info.device == torch.device("cuda:1")
+
+
+def test_the_policy_is_loaded_with_fp32_master_weights_where_cuda_is_present(tmp_path, monkeypatch) -> None:
+    from rollgym.train.trainers.policy import load_base
+
+    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    model, _ = load_base(str(tmp_path / "bf16"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
