@@ -294,7 +294,9 @@ class PolicyTrainer:
             torch.save({"step": self.step, "optimizer": optimizer_state, "sharded": self.sharded,
                         "scheduler": self.scheduler.state_dict(),
                         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                                "numpy": np.random.get_state()}}, partial / STATE_FILE)
+                                "numpy": np.random.get_state(),
+                                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
+                        }, partial / STATE_FILE)
             shutil.rmtree(folder, ignore_errors=True)
             partial.replace(folder)
         self._barrier()
@@ -321,6 +323,8 @@ class PolicyTrainer:
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         np.random.set_state(state["rng"]["numpy"])
+        if self.device.type == "cuda" and state["rng"].get("cuda") is not None:  # dropout on the GPU draws from it
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
 
     def _barrier(self) -> None:
         if self.dist.distributed:

@@ -157,3 +157,38 @@ def test_the_policy_is_loaded_with_fp32_master_weights_where_cuda_is_present(tmp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     model, _ = load_base(str(tmp_path / "bf16"))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_a_checkpoint_carries_the_cuda_rng_state(tiny_model, tmp_path, monkeypatch) -> None:
+    """On a GPU the dropout masks come from the CUDA generator: a resumed run must continue its stream.
+    Here the CUDA generator is a stand-in that the trainer on a 'cuda' device saves and restores."""
+    generators = {"saved": torch.tensor([7, 1, 2], dtype=torch.uint8), "restored": None}
+    trainer = PolicyTrainer(GRPOConfig(lora=LORA), tiny_model)
+    trainer.load(None)
+    trainer.train_batch(batch())
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: generators["saved"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state",
+                        lambda state, device: generators.__setitem__("restored", (state, device)))
+    trainer.device = torch.device("cuda:0")  # only the RNG calls see it: nothing is trained on it here
+    trainer.save_checkpoint(tmp_path / "checkpoint")
+    trainer.device = torch.device("cpu")
+    state = torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert torch.equal(state["rng"]["cuda"], generators["saved"])
+    trainer.device = torch.device("cuda:0")
+    trainer._restore_state(tmp_path / "checkpoint")
+    restored, device = generators["restored"]
+    assert torch.equal(restored, generators["saved"]) and device == torch.device("cuda:0")
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_resumed_trainer_continues_the_cuda_rng_stream(tiny_model, tmp_path) -> None:
+    trainer = PolicyTrainer(GRPOConfig(lora=LORA), tiny_model)
+    trainer.load(None)
+    trainer.train_batch(batch())
+    trainer.save_checkpoint(tmp_path / "checkpoint")
+    expected = torch.rand(4, device=trainer.device)
+    torch.cuda.manual_seed(123)
+    resumed = PolicyTrainer(GRPOConfig(lora=LORA), tiny_model)
+    resumed.load(str(tmp_path / "checkpoint"))
+    assert torch.equal(torch.rand(4, device=resumed.device), expected)
