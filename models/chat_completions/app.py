@@ -57,8 +57,9 @@ class ChatCompletionsConfig(ServerConfig):
     return_token_ids: bool = Field(default=False, description="ask the backend for token ids and logprobs")
     token_prompts: bool = Field(
         default=True, description="extend the previous turn's tokens with a token-id prompt (vLLM, SGLang)")
-    tool_parser: str = Field(default="hermes", description="parser of raw generations: hermes | none | module:function")
-    reasoning_parser: str = Field(default="think", description="think | none | module:function")
+    tool_parser: str = Field(default="hermes", description="parser of raw generations: hermes | llama3_json | "
+                             "mistral | qwen3_coder | deepseek_v3 | glm45 | harmony | none | module:function")
+    reasoning_parser: str = Field(default="think", description="think | deepseek_r1 | harmony | none | module:function")
     parse_think_tags: bool = True
     reasoning_field: Literal["auto", "reasoning_content", "reasoning", "think_tags", "drop"] = Field(
         default="auto", description="how reasoning goes back to the backend; auto: reasoning_content, openai: drop")

@@ -334,6 +334,6 @@ def test_parsers_are_pluggable_and_checked() -> None:
                                    tool_parser="models.chat_completions.parsers:no_tool_parser")
     assert config.tool_parser.endswith(":no_tool_parser")
     with pytest.raises(ValidationError, match="unknown parser"):
-        ChatCompletionsConfig(base_url="http://127.0.0.1:1/v1", model="m", tool_parser="mistral")
+        ChatCompletionsConfig(base_url="http://127.0.0.1:1/v1", model="m", tool_parser="no_such_format")
     with pytest.raises(ValidationError, match="base_url"):
         ChatCompletionsConfig(base_url=[], model="m")
