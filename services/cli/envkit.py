@@ -26,8 +26,9 @@ def register(commands: Any) -> None:
 
     env = commands.add_parser("env", help="the environments a stack can use")
     actions = env.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="every environment folder here and every installed environment "
-                                 "package, with its tools and an example task")
+    listing = actions.add_parser("list", help="every environment folder here, every installed environment "
+                                 "package and every installed verifiers Env (with the config line that runs it "
+                                 "through the proxy agent), with its tools and an example task")
     listing.add_argument("--json", action="store_true", help="one JSON object per environment")
     listing.set_defaults(handler=run_env_list)
 
@@ -107,6 +108,8 @@ def run_env_list(args: argparse.Namespace) -> int:
             print(f"  tools: {', '.join(card.tools) or 'none'}")
             if card.example:
                 print(f"  example: {_clip(card.example)}")
+            if card.config:
+                print(f"  run by the proxy agent (reward: agent): {card.config}")
         print(f"{len(cards)} environments")
     problems = environment_problems()
     for problem in problems:

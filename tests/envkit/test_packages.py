@@ -11,6 +11,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 
 from rollgym.config import ConfigError, load_stack
 from rollgym.testing import REPO_ROOT
@@ -74,3 +75,87 @@ def test_an_entry_point_that_names_no_package_is_one_warning_line(tmp_path: Path
     assert listed.returncode == 0 and "broken" not in listed.stdout
     assert listed.stderr.strip() == ("rollgym: warning: broken: entry point of broken-env names 'broken_env_gone', "
                                      "which is not an importable package")
+
+
+# --- verifiers Envs installed as packages ----------------------------------------------------------
+
+VF_EXAMPLES = REPO_ROOT / "agents" / "proxy_agent" / "examples" / "verifiers_env"
+
+
+def write_distribution(site: Path, name: str, requires: list[str], files: dict[str, str]) -> None:
+    """What pip leaves for an installed distribution: its files and a dist-info with METADATA and RECORD."""
+    for path, text in files.items():
+        (site / path).parent.mkdir(parents=True, exist_ok=True)
+        (site / path).write_text(text)
+    info = site / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    (info / "RECORD").write_text("".join(f"{path},,\n" for path in files) + f"{info.name}/METADATA,,\n")
+
+
+def test_env_list_shows_installed_verifiers_envs_with_the_line_that_runs_them(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("verifiers.v1", reason="loading the listed Env needs verifiers 0.4 (the 'verifiers' extra)")
+    # A real install: the example weather Env as a one-module project, built and installed by pip.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "rollgym_vf_weather.py").write_text((VF_EXAMPLES / "rollgym_vf_weather.py").read_text())
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "rollgym-vf-weather"\nversion = "0.1.0"\ndependencies = ["verifiers>=0.4"]\n'
+        '[tool.setuptools]\npy-modules = ["rollgym_vf_weather"]\n')
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "--target", str(site), str(project)], check=True, capture_output=True, timeout=240)
+    # A package laid out as `vf-init` writes it (its Taskset in a submodule, a Harness of its own), and
+    # two that are no verifiers Env: verifiers only in an extra, and no Taskset exported.
+    write_distribution(site, "acme-vf", ["verifiers"], {
+        "acme_vf/__init__.py": '"""Acme tasks."""\nfrom acme_vf.taskset import AcmeTaskset\n'
+                               'from .harness import AcmeHarness\n\n__all__ = ["AcmeTaskset", "AcmeHarness"]\n',
+        "acme_vf/taskset.py": "import verifiers.v1 as vf\n\nclass AcmeTaskset(vf.Taskset):\n    pass\n",
+        "acme_vf/harness.py": "import verifiers.v1 as vf\n\nclass AcmeHarness(vf.Harness):\n    pass\n"})
+    write_distribution(site, "uses-vf-optionally", ['verifiers; extra == "vf"'],
+                       {"optional_vf.py": "from x import T\n__all__ = ['T']\nclass T(Taskset):\n    pass\n"})
+    write_distribution(site, "vf-helpers", ["verifiers"], {"vf_helpers.py": "__all__ = ['helper']\ndef helper():\n    pass\n"})
+
+    listed = rollgym("env", "list", "--json", site=site)
+    assert listed.returncode == 0, listed.stderr
+    cards = {card["name"]: card for card in map(orjson.loads, listed.stdout.splitlines())}
+    weather, acme = cards["rollgym_vf_weather"], cards["acme_vf"]
+    assert "optional_vf" not in cards and "vf_helpers" not in cards
+    assert weather["source"] == "verifiers package rollgym-vf-weather" and weather["tools"] == ["get_weather"]
+    assert weather["path"] == str(site / "rollgym_vf_weather.py") and weather["summary"].startswith("A tool:")
+    assert weather["config"] == ('agent: {kind: verifiers, env: {taskset: {id: rollgym_vf_weather}, agent: '
+                                 '{harness: {id: "null"}, runtime: {type: subprocess}}}}')
+    assert acme["source"] == "verifiers package acme-vf" and acme["summary"] == "Acme tasks."
+    assert '{harness: {id: "acme_vf"}' in acme["config"]  # its own harness, as verifiers picks it
+    assert cards["weather"]["config"] == ""  # folders and rollgym packages run as they always did
+
+    text = rollgym("env", "list", site=site)
+    assert f"rollgym_vf_weather  (verifiers package rollgym-vf-weather: {site / 'rollgym_vf_weather.py'})" in text.stdout
+    assert f"  run by the proxy agent (reward: agent): {weather['config']}" in text.stdout
+
+    # The line is what the proxy agent's verifiers runner takes: it loads the installed Env.
+    from agents.proxy_agent.verifiers_runner import VerifiersRunner, load_env
+
+    agent = yaml.safe_load(weather["config"])["agent"]
+    monkeypatch.syspath_prepend(str(site))
+    VerifiersRunner(**agent)
+    try:
+        env = load_env(agent["env"], local_program=False)
+        assert type(env.taskset).__name__ == "WeatherTaskset"
+        assert sys.modules["rollgym_vf_weather"].__file__ == str(site / "rollgym_vf_weather.py")
+    finally:
+        sys.modules.pop("rollgym_vf_weather", None)  # the examples' module of that name, for later tests
+
+
+def test_listing_imports_neither_the_envs_nor_verifiers(tmp_path: Path) -> None:
+    write_distribution(tmp_path, "acme-vf", ["verifiers"], {
+        "acme_vf.py": "import verifiers.v1 as vf\n\nclass AcmeTaskset(vf.Taskset):\n    pass\n\n__all__ = ['AcmeTaskset']\n"})
+    probe = ("import sys; from rollgym.envkit.packages import environment_cards; from pathlib import Path; "
+             "cards = environment_cards(Path('.')); print([c.name for c in cards if c.config]); "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('verifiers', 'acme_vf')))")
+    ran = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["['acme_vf']", "[]"]
