@@ -231,9 +231,21 @@ class Plan(StrictModel):
         if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
             raise ValueError("apply: merged serves GGUF files with the embedded model; base_model must be "
                              "'bundled' or a *.gguf file (use apply: lora with another model server)")
-        for problem in self._sampling_problems():
+        for problem in self._sampling_problems() + self._full_weight_problems():
             raise ValueError(problem)
         return self
+
+    def _full_weight_problems(self) -> list[str]:
+        """Full weights are served as weights (apply: merged), never as the LoRA adapter that apply: lora and
+        mode: async hot-load: refused here rather than after the first step."""
+        problems = [f"stages[{i}].optimize.args.finetune: full trains every weight, which stages[{i}].apply: lora "
+                    "cannot serve (it hot-loads a LoRA adapter); use apply: merged or none, or finetune: lora"
+                    for i, stage in enumerate(self.stages)
+                    if stage.optimize.args.get("finetune") == "full" and stage.apply == "lora"]
+        if self.mode == "async" and self.optimize is not None and self.optimize.args.get("finetune") == "full":
+            problems.append("optimize.args.finetune: full cannot run with mode: async, which hot-loads every step's "
+                            "LoRA adapter (/v1/load_lora_adapter); use finetune: lora")
+        return problems
 
     def _sampling_problems(self) -> list[str]:
         """An RL trainer computes the logprobs of the distribution that was sampled: its temperature must be

@@ -131,6 +131,23 @@ def test_files_are_checked_before_the_output_is_claimed(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+def test_full_weights_served_as_an_adapter_are_refused_with_their_keys(tmp_path: Path) -> None:
+    data = demo()
+    for stage in data["stages"]:
+        stage["apply"] = "lora"
+    data["stages"][1]["optimize"]["args"]["finetune"] = "full"
+    with pytest.raises(PlanError, match=r"stages\[1\]\.optimize\.args\.finetune: full .* stages\[1\]\.apply: lora "
+                                        r"cannot serve"):
+        load_plan(write(tmp_path, data))
+    data["stages"][1]["apply"] = "none"
+    assert load_plan(write(tmp_path, data)).stages[1].apply == "none"
+
+    data = yaml.safe_load((REPO_ROOT / "scripts/train/async.yaml").read_text())
+    data["optimize"]["args"]["finetune"] = "full"
+    with pytest.raises(PlanError, match=r"optimize\.args\.finetune: full cannot run with mode: async"):
+        load_plan(write(tmp_path, data))
+
+
 def test_async_plans_check_their_tasks_files(tmp_path: Path) -> None:
     data = yaml.safe_load((REPO_ROOT / "scripts/train/async.yaml").read_text())
     data["orchestrator"]["envs"][0]["input"] = str(tmp_path / "missing.jsonl")
