@@ -151,7 +151,9 @@ def _token_logprobs_module() -> Any:
     class TokenLogprobs(torch.nn.Module):
         """Logprobs of chosen tokens at chosen positions in one forward pass: the module DDP wraps.
 
-        Only the positions that enter the loss go through the LM head, so the logits are
+        The logits come from the model's own `forward`, so what it does after its output layer
+        (Gemma 2's final soft-capping, Granite's `logits_scaling`, Cohere's `logit_scale`) is kept; a
+        hook on the output layer hands it only the positions that enter the loss, so the logits are
         (loss tokens × vocabulary), not (all tokens × vocabulary)."""
 
         def __init__(self, lm: Any, precision: str) -> None:
@@ -165,15 +167,34 @@ def _token_logprobs_module() -> Any:
         def forward(self, input_ids: Any, attention_mask: Any, positions: Any, targets: Any,
                     temperatures: Any) -> Any:
             causal = self.causal()
+
+            def picked(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+                hidden = args[0]
+                return (hidden.reshape(-1, hidden.shape[-1])[positions].unsqueeze(0), *args[1:])
+
+            handle = causal.get_output_embeddings().register_forward_pre_hook(picked)
             device_type = "cuda" if input_ids.is_cuda else "cpu"
-            with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-                hidden = causal.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-                picked = hidden.reshape(-1, hidden.shape[-1])[positions]
-                logits = causal.get_output_embeddings()(picked)
-            logits = logits.float() / temperatures[:, None]
+            try:
+                with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+                    logits = causal(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+            finally:
+                handle.remove()
+            logits = logits.reshape(-1, logits.shape[-1]).float() / temperatures[:, None]
             return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
     return TokenLogprobs
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The model's repeated blocks (what FSDP shards one by one), found by the classes the model itself
+    declares unsplittable (`_no_split_modules`), so that GPT-2's `transformer.h` serves as Llama's
+    `model.layers` does."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    if not layers:
+        raise TrainingFailed(f"{type(model).__name__} declares no decoder layer class (_no_split_modules): "
+                             "full weights cannot be sharded over processes; use finetune: lora or processes: 1")
+    return layers
 
 
 class PolicyTrainer:
@@ -234,7 +255,7 @@ class PolicyTrainer:
         if self.sharded:
             from torch.distributed.fsdp import fully_shard
 
-            for layer in module.causal().model.layers:
+            for layer in decoder_layers(module.causal()):
                 fully_shard(layer)
             fully_shard(module)
         elif self.dist.distributed:

@@ -1,0 +1,61 @@
+"""The trainer's logprobs are those of each model's own forward pass: what a model does after its output
+layer (Gemma 2's final soft-capping, Granite's logits scaling, Cohere's logit scale) is kept, and models
+without `.model.layers` (GPT-2, GPT-NeoX) train as Llama does. The reference is the model's ordinary
+full forward, log-softmaxed by hand at the loss positions."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rollgym.train.trainers.grpo_config import GRPOConfig  # noqa: E402
+from rollgym.train.trainers.grpo_trainer import PolicyTrainer, TrainSequence, decoder_layers  # noqa: E402
+
+SMALL = dict(vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=2, max_position_embeddings=64)
+MODELS = {
+    # Soft-capping at 0.5 and the scales below move the logprobs far more than float rounding.
+    "gemma2": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        **SMALL, head_dim=8, final_logit_softcapping=0.5, attn_implementation="eager")),
+    "granite": lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(**SMALL, logits_scaling=4.0)),
+    "cohere": lambda: transformers.CohereForCausalLM(transformers.CohereConfig(**SMALL, logit_scale=0.25)),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=48, n_embd=16, n_layer=2, n_head=2,
+                                                                        n_positions=64, resid_pdrop=0.0,
+                                                                        embd_pdrop=0.0, attn_pdrop=0.0)),
+    "gpt_neox": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        vocab_size=48, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        max_position_embeddings=64)),
+}
+
+
+def sequences() -> list[TrainSequence]:
+    generator = torch.Generator().manual_seed(2)
+    out = []
+    for prompt, completion in [(5, 6), (3, 9)]:
+        ids = torch.randint(0, 48, (prompt + completion,), generator=generator).tolist()
+        mask = [1] * completion
+        mask[1] = 0
+        out.append(TrainSequence(ids[:prompt], ids[prompt:], mask, [0.0] * completion, 1.0, temperature=0.7))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_logprobs_come_from_the_models_own_forward(name, tmp_path) -> None:
+    torch.manual_seed(0)
+    model = MODELS[name]()
+    model.save_pretrained(tmp_path / name)
+    trainer = PolicyTrainer(GRPOConfig(finetune="full"), str(tmp_path / name))
+    trainer.load(None)
+    batch = sequences()
+    with torch.no_grad():
+        got = trainer._forward(trainer._tensors(batch))
+        expected = []
+        for seq in batch:
+            logits = trainer.model(input_ids=torch.tensor([seq.prompt_ids + seq.completion_ids])).logits[0]
+            logps = (logits.float() / seq.temperature).log_softmax(-1)
+            expected += [logps[len(seq.prompt_ids) + j - 1, token] for j, token in enumerate(seq.completion_ids)
+                         if seq.loss_mask[j]]
+    assert torch.allclose(got, torch.stack(expected), atol=1e-5)
+    assert len(decoder_layers(trainer.model)) == 2
