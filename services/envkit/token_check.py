@@ -4,7 +4,8 @@ It starts the stack (or uses a running one), runs a few multi-turn rollouts thro
 `POST /run` and, for every rollout, checks each model call's prompt against the tokens before it:
 
 - per turn: does the prompt extend the previous call's prompt + generation exactly? If not, where
-  does it diverge: the index and the decoded tokens around the first mismatch, on both sides;
+  does it diverge: the index and the decoded tokens around the first mismatch, on both sides, and
+  why a new segment of the rollout begins there (`boundary_reason`);
 - at the end: re-tokenizing the final conversation with the model server's chat template
   (`POST /tokenize` on the model server), does it give the ids that were sampled? A difference there
   is what a trainer that re-tokenizes conversations would train on instead of the sampled tokens; it
@@ -61,6 +62,7 @@ class TurnReport:
     added_tokens: int = 0
     divergence: Divergence | None = None
     model_version: str | None = None
+    reason: str | None = None  # why a new segment begins at this call (when it does not extend)
 
 
 @dataclass
@@ -170,6 +172,7 @@ class TokenChecker:
                     turn.added_tokens = len(record.prompt) - len(expected)
                 else:
                     turn.divergence = await self.divergence(expected, record.prompt, at)
+                    turn.reason = boundary_reason(len(previous.prompt), turn.divergence)
             report.turns.append(turn)
             previous = record
         if previous is not None:
@@ -233,6 +236,30 @@ class TokenChecker:
                              f"(re-rendered: {len(tokens)} tokens)")
 
 
+def boundary_reason(previous_prompt_tokens: int, divergence: Divergence) -> str:
+    """Why a call's prompt stops extending the previous call's tokens, read from where it diverges:
+    at the end of the new prompt (it goes back to an earlier point), inside the previous answer (the
+    template wrote it back differently), or in the history before the previous answer (the context
+    was rewritten, or the call belongs to another conversation)."""
+    at, windows = divergence.index, divergence.expected + " " + divergence.actual
+    if at == divergence.actual_len:
+        return ("the prompt stops inside the previous tokens: it goes back to an earlier point of the conversation "
+                "(a retry or a branch)")
+    if at >= previous_prompt_tokens:
+        # The first previous token the prompt lacks, as decoded (a repr'd piece, or `#id` without /detokenize).
+        missing = divergence.expected.partition(" | ")[2].lstrip("'\"")
+        if missing.startswith("<think>"):
+            return ("the previous answer's reasoning is not in the history (the chat template drops earlier "
+                    "<think> blocks, as Qwen3's does once a new user turn follows)")
+        if "tool_call" in windows or "TOOL_CALLS" in windows or "tool▁call" in windows:
+            return "the previous answer's tool call was written back differently (the chat template re-serialised it)"
+        return ("the previous answer was written back differently, not as sampled (re-rendered or re-tokenized "
+                f"from token {at - previous_prompt_tokens} of the answer)")
+    return (f"the history before the previous answer changed after {at} of its {previous_prompt_tokens} tokens: the "
+            "agent rewrote its context (a summary, compaction, truncation) or this call is another conversation "
+            "(a sub-agent)")
+
+
 def _window(pieces: list[str], mark: int, more_left: bool, more_right: bool) -> str:
     left = " ".join(pieces[:mark])
     right = " ".join(pieces[mark:])
@@ -270,6 +297,8 @@ def format_report(report: Report, *, strict: bool = False) -> str:
                              f"prompt + generation ({d.expected_len} tokens) at token {d.index}{version}")
                 lines.append(f"      previous tokens: {d.expected}")
                 lines.append(f"      this prompt:     {d.actual}")
+                if turn.reason:
+                    lines.append(f"      a new segment begins: {turn.reason}")
         lines.append(f"  re-tokenized final conversation: {rollout.retokenize}")
         if rollout.retokenize_divergence is not None:
             d = rollout.retokenize_divergence

@@ -3,9 +3,13 @@ next prompt that extends the previous tokens (extend_tokens), and check-tokens' 
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from rollgym.schema import Sequence
 from rollgym.sequences import extend_tokens, merge_sequences, token_record
-from rollgym.envkit.token_check import Divergence, Report, RolloutReport, TurnReport, format_report, prepare_task
+from rollgym.envkit.token_check import (Divergence, Report, RolloutReport, TokenChecker, TurnReport, format_report,
+                                        prepare_task)
 
 # A chatml-like vocabulary for extend_tokens: special tokens are single ids.
 IM_START, IM_END, NL, ASSISTANT, USER, TOOL = 1, 2, 3, 4, 5, 6
@@ -157,3 +161,74 @@ def test_verdicts_and_report() -> None:
     single = Report(agent="a", model_server="m", input="t", forced_tool=False,
                     rollouts=[RolloutReport(task=1, status="ok", turns=[TurnReport(call=1, prompt_tokens=1, generated_tokens=1)])])
     assert not single.ok() and "nothing to compare" in format_report(single)
+
+
+# --- why a new segment begins ----------------------------------------------------------------------
+
+# A Qwen3-like vocabulary: the template opens the assistant turn, the model thinks, then answers.
+PIECES = {1: "<|im_start|>", 2: "user", 3: "\n", 4: "Hi", 5: "<|im_end|>", 6: "assistant", 7: "<think>", 8: "plan",
+          9: "</think>", 10: "Hello", 11: "Again", 12: "system", 13: "Summary", 14: "<tool_call>", 15: '{"a": 1}',
+          16: "</tool_call>", 17: '{"a":1}'}
+FIRST_PROMPT = [1, 2, 3, 4, 5, 3, 1, 6, 3]
+FIRST_ANSWER = [7, 8, 9, 3, 10, 5]
+
+
+class Reply:
+    def __init__(self, status: int, body: dict[str, Any] | None = None) -> None:
+        self.status, self.ok, self.body = status, status == 200, body or {}
+
+    def json(self) -> dict[str, Any]:
+        return self.body
+
+    def error_message(self) -> str:
+        return f"HTTP {self.status}"
+
+
+class ScriptedServers:
+    """The agent's /run answers one rollout of two calls; the model server decodes by PIECES."""
+
+    def __init__(self, second_prompt: list[int], first_answer: list[int]) -> None:
+        self.second_prompt, self.first_answer = second_prompt, first_answer
+
+    async def post(self, server: str, path: str, json: dict[str, Any], **_: Any) -> Reply:
+        if path == "/detokenize":
+            return Reply(200, {"pieces": [PIECES[t] for t in json["tokens"]]})
+        if path == "/tokenize":
+            return Reply(404)
+        calls = [(FIRST_PROMPT, self.first_answer), (self.second_prompt, [11, 5])]
+        output = [{"type": "message", "prompt_token_ids": p, "generation_token_ids": g,
+                   "generation_log_probs": [-0.5] * len(g)} for p, g in calls]
+        return Reply(200, {"status": "ok", "reward": 1.0, "prefix_ok": False, "sequences": [{}, {}],
+                           "response": {"output": output}})
+
+
+def second_turn(second_prompt: list[int], first_answer: list[int] = FIRST_ANSWER) -> TurnReport:
+    checker = TokenChecker(ScriptedServers(second_prompt, first_answer), "agent", "model")  # type: ignore[arg-type]
+    row = {"responses_create_params": {"input": "Hi"}}
+    report = asyncio.run(checker.check_one(0, row, timeout_s=10))
+    assert [turn.extends for turn in report.turns] == [None, False]
+    return report.turns[1]
+
+
+def test_check_tokens_names_why_each_segment_begins() -> None:
+    # The template dropped the earlier <think> block once a user turn followed (Qwen3, DeepSeek-R1).
+    stripped = second_turn(FIRST_PROMPT + [10, 5, 3, 1, 2, 3, 11, 5, 3, 1, 6, 3])
+    assert stripped.divergence is not None and stripped.divergence.index == len(FIRST_PROMPT)
+    assert "reasoning is not in the history" in (stripped.reason or "")
+    # The agent replaced its history by a summary (or a sub-agent began its own conversation).
+    rewritten = second_turn([1, 12, 3, 13, 5, 3, 1, 2, 3, 11, 5, 3, 1, 6, 3])
+    assert "history before the previous answer changed after 1 of its 9 tokens" in (rewritten.reason or "")
+    # The same prompt again: a retry from before the previous answer.
+    assert "goes back to an earlier point" in (second_turn(FIRST_PROMPT).reason or "")
+    # The answer written back re-tokenized, no reasoning or tool call involved.
+    retokenized = second_turn(FIRST_PROMPT + [7, 8, 9, 3, 11, 5, 3])
+    assert "written back differently, not as sampled" in (retokenized.reason or "")
+    assert "from token 4 of the answer" in (retokenized.reason or "")
+    # A tool call the template wrote back with other JSON spacing.
+    rewritten_call = second_turn(FIRST_PROMPT + [14, 17, 16, 5, 3], first_answer=[14, 15, 16, 5])
+    assert "tool call was written back differently" in (rewritten_call.reason or "")
+
+    report = Report(agent="a", model_server="m", input="t", forced_tool=False,
+                    rollouts=[RolloutReport(task=1, status="ok", turns=[TurnReport(call=1, prompt_tokens=9,
+                                                                                   generated_tokens=6), stripped])])
+    assert f"      a new segment begins: {stripped.reason}" in format_report(report)
