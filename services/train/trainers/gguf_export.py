@@ -145,7 +145,7 @@ def rebuild_merged_gguf(base_model: str, weights: str | os.PathLike[str], output
         base = dict(model.named_parameters())
         deltas = {}
         for name, param in trained.named_parameters():
-            if name in base and name.endswith(".weight") and not name.startswith("lm_head"):
+            if name in base and name.endswith(".weight"):  # an untied lm_head included (GGUF `output`)
                 delta = (param.detach().float() - base[name].detach().float()).numpy()
                 if delta.any():
                     deltas[name.removesuffix(".weight")] = delta

@@ -363,7 +363,8 @@ class PolicyTrainer:
         weights = self.gathered if self.sharded else dict(self.model.named_parameters())
         for name, param in (weights or {}).items():
             base = self.base_weights.get(name)
-            if base is not None and name.endswith(".weight") and not name.startswith("lm_head"):
+            # lm_head is listed only when untied (named_parameters lists a tied weight once, as the embedding).
+            if base is not None and name.endswith(".weight"):
                 delta = (param.detach().cpu().float() - base.float()).numpy()
                 if delta.any():
                     deltas[name.removesuffix(".weight")] = delta

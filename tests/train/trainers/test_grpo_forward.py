@@ -59,3 +59,24 @@ def test_logprobs_come_from_the_models_own_forward(name, tmp_path) -> None:
                          if seq.loss_mask[j]]
     assert torch.allclose(got, torch.stack(expected), atol=1e-5)
     assert len(decoder_layers(trainer.model)) == 2
+
+
+def test_full_weight_deltas_carry_an_untied_output_layer(tmp_path) -> None:
+    import gguf
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "untied")
+    trainer = PolicyTrainer(GRPOConfig(finetune="full", learning_rate=1e-2), str(tmp_path / "untied"))
+    trainer.load(None)
+    base_head = trainer.model.lm_head.weight.detach().clone()
+    batch = sequences()
+    for seq in batch:
+        seq.sampling_logprobs = [-3.9] * len(seq.completion_ids)
+    batch[1].advantage = -1.0
+    trainer.train_batch(batch)
+    deltas = trainer.merged_deltas()
+    assert "lm_head" in deltas and "model.embed_tokens" in deltas
+    assert torch.allclose(torch.from_numpy(deltas["lm_head"]), trainer.model.lm_head.weight.detach() - base_head)
+    # The name the merged GGUF's writer looks up: llama.cpp's `output` tensor.
+    assert gguf.TensorNameMap(gguf.MODEL_ARCH.LLAMA, 2).get_name("lm_head") == "output"
