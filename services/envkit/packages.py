@@ -66,6 +66,8 @@ def environment_cards(root: Path) -> list[EnvironmentCard]:
 # --- verifiers Envs --------------------------------------------------------------------------------
 
 _REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_TASKSET = re.compile(r"\bTaskset\b")  # vf.Taskset[...], not vf.TasksetConfig
+_HARNESS = re.compile(r"\bHarness\b")
 
 
 def verifiers_environments() -> list[EnvironmentCard]:
@@ -79,18 +81,18 @@ def verifiers_environments() -> list[EnvironmentCard]:
             if module in cards:
                 continue
             exports = _exported_bases(source)
-            if not any("Taskset" in base for base in exports.values()):
+            if not any(_TASKSET.search(base) for base in exports.values()):
                 continue
             # A module that also exports a Harness is its own default harness (verifiers'
             # default_harness_id); else verifiers' chat program (`null`), which needs no shell.
-            harness = module if any("Harness" in base for base in exports.values()) else "null"
+            harness = module if any(_HARNESS.search(base) for base in exports.values()) else "null"
             card = EnvironmentCard(module, f"verifiers package {dist.metadata['Name']}", source)
             tree = _parsed(source)
             if tree is not None:
                 card.summary = (ast.get_docstring(tree) or "").strip().split("\n\n")[0].replace("\n", " ")
                 card.tools = sorted({name for path in _module_files(source) for name in _tool_names(path)})
-            card.config = ("agent: {kind: verifiers, env: {taskset: {id: %s}, agent: {harness: {id: \"%s\"}, "
-                           "runtime: {type: subprocess}}}}" % (module, harness))
+            card.config = (f"agent: {{kind: verifiers, env: {{taskset: {{id: {module}}}, agent: {{harness: "
+                           f'{{id: "{harness}"}}, runtime: {{type: subprocess}}}}}}}}')
             cards[module] = card
     return sorted(cards.values(), key=lambda card: card.name)
 

@@ -116,7 +116,9 @@ def test_env_list_shows_installed_verifiers_envs_with_the_line_that_runs_them(tm
         "acme_vf/harness.py": "import verifiers.v1 as vf\n\nclass AcmeHarness(vf.Harness):\n    pass\n"})
     write_distribution(site, "uses-vf-optionally", ['verifiers; extra == "vf"'],
                        {"optional_vf.py": "from x import T\n__all__ = ['T']\nclass T(Taskset):\n    pass\n"})
-    write_distribution(site, "vf-helpers", ["verifiers"], {"vf_helpers.py": "__all__ = ['helper']\ndef helper():\n    pass\n"})
+    write_distribution(site, "vf-helpers", ["verifiers"], {
+        "vf_helpers.py": "import verifiers.v1 as vf\n__all__ = ['helper', 'QuizConfig']\ndef helper():\n    pass\n"
+                         "class QuizConfig(vf.TasksetConfig):\n    pass\n"})
 
     listed = rollgym("env", "list", "--json", site=site)
     assert listed.returncode == 0, listed.stderr
