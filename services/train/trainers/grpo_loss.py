@@ -11,7 +11,13 @@ token and not one a grammar forced), with A_i the rollout's advantage as the bat
     ρ_it  = exp(log π_old − log μ)                   behaviour ratio: staleness + training/inference mismatch
     w_it  = min(ρ_it, tis_cap)  (no gradient)        truncated importance sampling (correction: tis)
     ρ̄_i   = exp(mean_t log ρ_it)                     a rollout outside [mask_low, mask_high] is masked whole
-    L_it  = −w_it · min(r_it·A_i, clip(r_it)·A_i) + β·(exp(q) − q − 1),   q = log π_ref − log π_θ
+    S_it  = min(r_it·A_i, clip(r_it)·A_i),  and for A_i < 0: max(S_it, c·A_i)   dual clip (c = dual_clip)
+    L_it  = −w_it · S_it + β·(exp(q) − q − 1),   q = log π_ref − log π_θ
+
+Both log-ratios are clamped to ±20 before exp (as verl does), so a token the policy has all but ruled
+out cannot make the loss inf. The dual clip bounds what one token with a negative advantage can
+contribute when its ratio is far above 1 (DAPO/verl's clip_ratio_c, 3 by default): without it
+−r·A grows with r unbounded, and there is no gradient there once the bound acts.
 
 and the batch loss is Σ_i Σ_t m_it·L_it·s_i with the aggregation's scale s_i:
 `token_mean` 1/Σ_i n_i (every token of the batch weighs the same), `sequence_mean` 1/(N·n_i) (every
@@ -30,6 +36,7 @@ from typing import Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Aggregation = Literal["token_mean", "sequence_mean", "constant"]
+LOG_RATIO_BOUND = 20.0  # |log r| and |log ρ| are clamped to this before exp
 
 
 class LossConfig(BaseModel):
@@ -44,6 +51,8 @@ class LossConfig(BaseModel):
     tis_cap: float = Field(default=2.0, ge=1.0, description="the truncation of the behaviour ratio")
     mask_low: float | None = Field(default=0.5, gt=0.0, description="mask a rollout whose geometric-mean ρ is below")
     mask_high: float | None = Field(default=2.0, gt=0.0, description="mask a rollout whose geometric-mean ρ is above")
+    dual_clip: float | None = Field(
+        default=3.0, gt=1.0, description="A < 0: bound a token's term at dual_clip·A (verl's clip_ratio_c); None: off")
     kl_beta: float = Field(default=0.0, ge=0.0, description="weight of the k3 KL estimate to the reference model")
     aggregation: Aggregation = "token_mean"
     max_tokens: int | None = Field(default=None, ge=1, description="constant aggregation: the normaliser C")
@@ -99,7 +108,7 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
     count = int(logprobs.numel())
     rollouts = int(rollout_index.max()) + 1 if count else 0
     old = old_logprobs.detach()
-    log_rho = old - sampling_logprobs.detach()
+    log_rho = (old - sampling_logprobs.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     rho = log_rho.exp()
     weight = rho.clamp(max=config.tis_cap) if config.correction == "tis" else torch.ones_like(rho)
 
@@ -116,10 +125,15 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
         keep_rollout &= rollout_rho <= config.mask_high
     keep = keep_rollout[rollout_index].to(logprobs.dtype)
 
-    ratio = (logprobs - old).exp()
+    ratio = (logprobs - old).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
     clipped_ratio = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
     unclipped_term, clipped_term = ratio * advantages, clipped_ratio * advantages
     surrogate = torch.minimum(unclipped_term, clipped_term)
+    dual = torch.zeros_like(surrogate, dtype=torch.bool)
+    if config.dual_clip is not None:
+        bound = config.dual_clip * advantages
+        dual = (advantages < 0) & (surrogate < bound)
+        surrogate = torch.where(dual, bound, surrogate)
     per_token = -weight * surrogate
     kl = torch.zeros_like(logprobs)
     if ref_logprobs is not None and config.kl_beta > 0:
@@ -129,7 +143,8 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
     loss = (per_token * keep * scales).sum()
     with torch.no_grad():
         # The clip acts where the clipped term is the smaller one and differs: no gradient flows there.
-        clipped = int(((clipped_term < unclipped_term) & (clipped_ratio != ratio)).sum())
+        # The dual clip acts where A < 0 and r > dual_clip: no gradient there either; both are counted.
+        clipped = int((((clipped_term < unclipped_term) & (clipped_ratio != ratio)) | dual).sum())
         masked_tokens = int((keep == 0).sum())
     return LossTerms(
         loss=loss, tokens=count, rho_sum=float(rho.sum()), rho_min=float(rho.min()) if count else 1.0,
@@ -140,4 +155,4 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
     )
 
 
-__all__ = ["Aggregation", "LossConfig", "LossTerms", "policy_loss", "sequence_scales"]
+__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "policy_loss", "sequence_scales"]

@@ -64,7 +64,10 @@ def reference_loss(model, batch, sampled, old, config: LossConfig, temperature: 
             ratio = torch.exp(logp - old[i][k])
             a = seq.advantage
             clipped = torch.clamp(ratio, 1 - config.clip_low, 1 + config.clip_high)
-            total = total - weight * torch.minimum(ratio * a, clipped * a) * scales[i]
+            term = torch.minimum(ratio * a, clipped * a)
+            if a < 0 and config.dual_clip is not None:
+                term = torch.maximum(term, torch.tensor(config.dual_clip * a))
+            total = total - weight * term * scales[i]
     return total
 
 
@@ -146,3 +149,38 @@ def test_settings_are_checked() -> None:
         LossConfig(aggregation="constant")
     with pytest.raises(ValueError, match="mask_low 2.0 must be below mask_high 1.5"):
         LossConfig(mask_low=2.0, mask_high=1.5)
+
+
+def test_the_dual_clip_bounds_negative_advantages_by_hand() -> None:
+    """Two tokens of one rollout with A = −1, π_old = μ (w = 1), scale 1: r = 5 lies beyond the dual clip
+    (3), r = 2 inside it. By hand: S = max(min(−r, −1.28), −3), so L = 3 + 2 = 5; ∂L/∂log π = 0 for the
+    first token (the bound is a constant) and r·|A| = 2 for the second. Without the dual clip, L = 7
+    and the first token's gradient is 5."""
+    old = torch.zeros(2)
+    for dual_clip, loss, grads, clipped in ((3.0, 5.0, [0.0, 2.0], 1), (None, 7.0, [5.0, 2.0], 0)):
+        logprobs = torch.tensor([math.log(5.0), math.log(2.0)], requires_grad=True)
+        config = LossConfig(dual_clip=dual_clip, mask_low=None, mask_high=None)
+        terms = policy_loss(logprobs, old, old, torch.tensor([-1.0, -1.0]), torch.tensor([0, 0]), torch.ones(2), config)
+        terms.loss.backward()
+        assert float(terms.loss) == pytest.approx(loss, rel=1e-6)
+        assert logprobs.grad.tolist() == pytest.approx(grads, rel=1e-6)
+        assert terms.clipped == clipped
+
+
+def test_log_ratios_are_clamped_before_exp() -> None:
+    """A token whose log-ratio is 200 (π_old all but ruled it out) gives exp(20), not inf, and a behaviour
+    log-ratio of 200 a finite ρ: the loss and its gradient stay finite."""
+    logprobs = torch.tensor([200.0, 0.0], requires_grad=True)
+    sampled = torch.tensor([0.0, -200.0])
+    config = LossConfig(dual_clip=None, correction="none", mask_low=None, mask_high=None)
+    terms = policy_loss(logprobs, torch.zeros(2), sampled, torch.tensor([-1.0, -1.0]), torch.tensor([0, 1]),
+                        torch.ones(2), config)
+    terms.loss.backward()
+    assert float(terms.loss) == pytest.approx(math.exp(20.0) + 1.0, rel=1e-5)
+    assert math.isfinite(terms.rho_sum) and terms.rho_max == pytest.approx(math.exp(20.0), rel=1e-5)
+    assert torch.isfinite(logprobs.grad).all()
+
+
+def test_the_dual_clip_must_exceed_one() -> None:
+    with pytest.raises(ValueError, match="dual_clip"):
+        LossConfig(dual_clip=0.9)
