@@ -392,6 +392,7 @@ class PolicyTrainer:
         history = [self.train_batch(batch) for batch in batches]
         metrics = {key: sum(m[key] for m in history) / len(history) for key in history[0]}
         metrics.update(steps=float(len(history)), optimizer_step=float(self.step),
+                       skipped_steps=sum(m["skipped_steps"] for m in history),
                        importance_ratio_min=min(m["importance_ratio_min"] for m in history),
                        importance_ratio_max=max(m["importance_ratio_max"] for m in history))
         return metrics
@@ -413,6 +414,7 @@ class PolicyTrainer:
                                                 [old[i] for i in part] if old is not None else None,
                                                 [ref[i] for i in part] if ref is not None else None))
         return {key: sum(r[key] for r in results) / len(results) for key in results[0]} | {
+            "skipped_steps": sum(r["skipped_steps"] for r in results),
             "importance_ratio_min": min(r["importance_ratio_min"] for r in results),
             "importance_ratio_max": max(r["importance_ratio_max"] for r in results)}
 
@@ -546,17 +548,21 @@ class PolicyTrainer:
         norm = torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm or math.inf)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
         lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
+        # A NaN or inf gradient is not applied (nor counted as a step, nor then checkpointed): every
+        # process sees the same all-reduced norm, so all skip together.
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
         tokens = max(tokens, 1.0)
         return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "rollouts": rollouts,
                 "importance_ratio_mean": rho_sum / tokens, "importance_ratio_min": rho_min,
                 "importance_ratio_max": rho_max, "tis_capped_fraction": capped / tokens,
                 "clip_fraction": clipped / tokens, "masked_fraction": masked_tokens / tokens,
                 "masked_rollouts": masked_rollouts, "mismatch_kl": mismatch_kl / tokens, "kl": kl / tokens,
-                "logprob_gap_mean": gap_sum / tokens}
+                "logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)}
 
 
 def checkpoint_of(path: str | None) -> str | None:

@@ -192,3 +192,20 @@ def test_a_resumed_trainer_continues_the_cuda_rng_stream(tiny_model, tmp_path) -
     resumed = PolicyTrainer(GRPOConfig(lora=LORA), tiny_model)
     resumed.load(str(tmp_path / "checkpoint"))
     assert torch.equal(torch.rand(4, device=resumed.device), expected)
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(tiny_model, tmp_path) -> None:
+    trainer = PolicyTrainer(GRPOConfig(finetune="full", learning_rate=1e-2), tiny_model)
+    trainer.load(None)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    poisoned = batch()
+    poisoned[1].advantage = float("nan")
+    metrics = trainer.train_batch(poisoned)
+    assert metrics["skipped_steps"] == 1 and not torch.isfinite(torch.tensor(metrics["grad_norm"]))
+    assert trainer.step == 0 and not trainer.optimizer.state
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    trainer.save_checkpoint(tmp_path / "checkpoint")
+    assert torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=False)["step"] == 0
+    metrics = trainer.train_batch(batch())  # the next finite batch steps as usual
+    assert metrics["skipped_steps"] == 0 and trainer.step == 1
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
