@@ -389,7 +389,13 @@ class PolicyTrainer:
             for start in range(0, len(order), per_step):
                 batches.append([seq for g in order[start:start + per_step] for seq in by_group[g]])
         batches = batches[: max(1, math.ceil(args.epochs * math.ceil(len(order) / per_step)))]
-        history = [self.train_batch(batch) for batch in batches]
+        old = None
+        if len(batches) > math.ceil(len(order) / per_step) or args.mini_batches > 1:
+            # Data used more than once: π_old is the policy before this call's first update, computed
+            # once (as verl's old_log_prob), so the clip acts on the passes that re-use it.
+            rollouts = [seq for group in by_group for seq in group]
+            old = dict(zip(map(id, rollouts), self._logprobs_no_grad(rollouts)))
+        history = [self.train_batch(batch, old) for batch in batches]
         metrics = {key: sum(m[key] for m in history) / len(history) for key in history[0]}
         metrics.update(steps=float(len(history)), optimizer_step=float(self.step),
                        skipped_steps=sum(m["skipped_steps"] for m in history),
@@ -397,14 +403,18 @@ class PolicyTrainer:
                        importance_ratio_max=max(m["importance_ratio_max"] for m in history))
         return metrics
 
-    def train_batch(self, batch: list[TrainSequence]) -> dict[str, float]:
-        """`mini_batches` optimizer steps on one batch (default one). The PPO ratio's π_old is the
-        policy at the start of the batch: taken from the same forward pass when there is one step
-        (it is then 1, with the gradient of log π), recomputed without gradient when there are more."""
+    def train_batch(self, batch: list[TrainSequence], old_logprobs: dict[int, Any] | None = None) -> dict[str, float]:
+        """`mini_batches` optimizer steps on one batch (default one). The PPO ratio's π_old: the given
+        logprobs (by `id` of each sequence: computed once when the data is used more than once), else the
+        policy at the start of the batch: taken from the same forward pass when there is one step (the
+        ratio is then 1, with the gradient of log π), computed without gradient when there are more."""
         if not any(seq.loss_tokens for seq in batch):
             raise TrainingFailed("a batch with no token the policy sampled (every token the environment's or forced)")
         count = self.args.mini_batches
-        old = self._logprobs_no_grad(batch) if count > 1 else None
+        if old_logprobs is not None:
+            old = [old_logprobs[id(seq)] for seq in batch]
+        else:
+            old = self._logprobs_no_grad(batch) if count > 1 else None
         ref = self._reference_logprobs(batch) if self.args.loss.kl_beta > 0 else None
         results = []
         for part in (list(range(start, len(batch), count)) for start in range(count)):

@@ -80,3 +80,34 @@ def test_full_weight_deltas_carry_an_untied_output_layer(tmp_path) -> None:
     assert torch.allclose(torch.from_numpy(deltas["lm_head"]), trainer.model.lm_head.weight.detach() - base_head)
     # The name the merged GGUF's writer looks up: llama.cpp's `output` tensor.
     assert gguf.TensorNameMap(gguf.MODEL_ARCH.LLAMA, 2).get_name("lm_head") == "output"
+
+
+def test_re_used_data_keeps_the_pi_old_of_its_first_use(tmp_path, monkeypatch) -> None:
+    """epochs: 2 passes over the same groups: the second pass's π_old is the policy before the first
+    update (computed once), so its ratio is not 1 and the clip can act; it was recomputed each pass."""
+    from rollgym.train.trainers import grpo_trainer
+
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).save_pretrained(tmp_path / "llama")
+    seen = []
+    real = grpo_trainer.policy_loss
+
+    def recording(logprobs, old_logprobs, *args, **kwargs):
+        seen.append((logprobs.detach().clone(), old_logprobs.detach().clone()))
+        return real(logprobs, old_logprobs, *args, **kwargs)
+
+    monkeypatch.setattr(grpo_trainer, "policy_loss", recording)
+    trainer = PolicyTrainer(GRPOConfig(finetune="full", learning_rate=1e-2, epochs=2.0), str(tmp_path / "llama"))
+    trainer.load(None)
+    group = {"group_id": "g", "rollouts": [
+        {"rollout_id": f"r{i}", "advantage": [1.0, -1.0][i], "sampling": {"temperature": 1.0, "logprobs": "processed"},
+         "sequence": {"prompt_ids": seq.prompt_ids, "completion_ids": seq.completion_ids,
+                      "completion_mask": [1] * len(seq.completion_ids),
+                      "completion_logprobs": [-3.9] * len(seq.completion_ids)}}
+        for i, seq in enumerate(sequences())]}
+    metrics = trainer.train_records([group])
+    assert metrics["steps"] == 2 and len(seen) == 2
+    (first_now, first_old), (second_now, second_old) = seen
+    assert torch.allclose(first_now, first_old, atol=1e-5)  # before any update: ratio 1
+    assert torch.allclose(second_old.sort().values, first_old.sort().values, atol=1e-6)  # the same π_old
+    assert (second_now - second_old).abs().max() > 1e-3  # the policy moved: the ratio is not 1
