@@ -275,6 +275,23 @@ class PolicyTrainer:
         self.checkpoint = init
         self.load_s = round(time.perf_counter() - started, 3)
 
+    def _schedule_settings(self) -> dict[str, Any]:
+        """What identifies an LR schedule: a checkpoint saved under other settings (the previous stage's)
+        does not continue its schedule here."""
+        args = self.args
+        return {"learning_rate": args.learning_rate, "betas": list(args.betas), "weight_decay": args.weight_decay,
+                "warmup_steps": args.warmup_steps, "lr_decay": args.lr_decay, "total_steps": args.total_steps}
+
+    def _fresh_schedule(self) -> None:
+        """This stage's schedule from its step 0, with its own learning rate, betas and weight decay; the
+        optimizer's moments (and AdamW's per-weight step counts) carry on from the checkpoint."""
+        import torch
+
+        for group in self.optimizer.param_groups:
+            group.update(lr=self.args.learning_rate, initial_lr=self.args.learning_rate, betas=self.args.betas,
+                         weight_decay=self.args.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+
     def _lr_factor(self, step: int) -> float:
         """Warm-up from 0, then constant, linear or cosine decay to 0 at total_steps."""
         args = self.args
@@ -313,7 +330,7 @@ class PolicyTrainer:
             else:
                 self.model.save_pretrained(target)
             torch.save({"step": self.step, "optimizer": optimizer_state, "sharded": self.sharded,
-                        "scheduler": self.scheduler.state_dict(),
+                        "scheduler": self.scheduler.state_dict(), "schedule": self._schedule_settings(),
                         "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                                 "numpy": np.random.get_state(),
                                 "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
@@ -339,7 +356,10 @@ class PolicyTrainer:
                                      options=StateDictOptions(full_state_dict=True))
         else:
             self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("schedule", self._schedule_settings()) == self._schedule_settings():
+            self.scheduler.load_state_dict(state["scheduler"])
+        else:
+            self._fresh_schedule()
         self.step = int(state["step"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])

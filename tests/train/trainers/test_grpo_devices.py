@@ -209,3 +209,34 @@ def test_a_step_with_a_non_finite_gradient_is_skipped_and_counted(tiny_model, tm
     metrics = trainer.train_batch(batch())  # the next finite batch steps as usual
     assert metrics["skipped_steps"] == 0 and trainer.step == 1
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_a_new_stage_starts_its_own_schedule_and_keeps_the_optimizer_moments(tiny_model, tmp_path) -> None:
+    """Stage 1 decays linearly to 0 over its 2 steps; stage 2 (other settings: its own learning rate and
+    length) starts at its own learning rate, not at stage 1's spent schedule, with stage 1's Adam moments."""
+    first = PolicyTrainer(GRPOConfig(lora=LORA, learning_rate=1e-2, lr_decay="linear", total_steps=2,
+                                     groups_per_step=1), tiny_model)
+    first.load(None)
+    data = [{"group_id": f"g{g}", "rollouts": [
+        {"rollout_id": f"g{g}-r{i}", "advantage": [1.0, -1.0][i], "sampling": {"temperature": 1.0,
+                                                                             "logprobs": "processed"},
+         "sequence": {"prompt_ids": seq.prompt_ids, "completion_ids": seq.completion_ids,
+                      "completion_mask": [1] * len(seq.completion_ids),
+                      "completion_logprobs": seq.sampling_logprobs}}
+        for i, seq in enumerate(batch(g)[:2])]} for g in range(2)]
+    assert first.train_records(data)["steps"] == 2
+    first.save_checkpoint(tmp_path / "stage1")
+    moments = {k: v["exp_avg"].clone() for k, v in first.optimizer.state_dict()["state"].items()}
+
+    for decay, lr in (("cosine", 5e-3), ("constant", 3e-3)):
+        second = PolicyTrainer(GRPOConfig(lora=LORA, learning_rate=lr, lr_decay=decay, total_steps=3), tiny_model)
+        second.load(str(tmp_path / "stage1" / "adapter"))
+        assert second.step == 2  # the run's optimizer steps go on counting
+        state = second.optimizer.state_dict()["state"]
+        assert all(torch.equal(state[k]["exp_avg"], v) for k, v in moments.items())
+        assert second.train_batch(batch())["lr"] == pytest.approx(lr)
+        assert second.scheduler.get_last_lr()[0] < lr if decay == "cosine" else second.scheduler.get_last_lr()[0] == lr
+
+    same = PolicyTrainer(first.args, tiny_model)  # the same settings: the schedule resumes (here: spent)
+    same.load(str(tmp_path / "stage1" / "adapter"))
+    assert same.scheduler.get_last_lr()[0] == first.scheduler.get_last_lr()[0] == 0.0
