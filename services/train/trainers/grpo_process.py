@@ -155,24 +155,17 @@ class LongLivedTrainer:
 
 
 def _next_request(control: Path, number: int) -> dict[str, Any] | None:
-    """Rank 0 waits for request `number` (None: asked to stop, or the parent is gone)."""
+    """Every rank waits for request `number` on its own, reading the file (None: asked to stop, or the
+    parent is gone). No rank waits in a collective between steps: a collection can outlast the process
+    group's timeout (10 min NCCL, 30 min gloo), which would kill the group and the loaded model."""
     path = control / "requests" / f"{number:06d}.json"
     parent = os.getppid()
     while not path.is_file():
         if (control / STOP_FILE).exists() or os.getppid() != parent:
-            return None
+            # A request written just before the stop is still taken: every rank then takes it.
+            return orjson.loads(path.read_bytes()) if path.is_file() else None
         time.sleep(POLL_S)
     return orjson.loads(path.read_bytes())
-
-
-def _broadcast(value: Any, distributed: bool) -> Any:
-    if not distributed:
-        return value
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _same_path(a: str | None, b: str | None) -> bool:
@@ -190,7 +183,7 @@ def serve(control: Path) -> int:
     trainer: PolicyTrainer | None = None
     number = 0
     while True:
-        request = _broadcast(_next_request(control, number) if dist.rank == 0 else None, dist.distributed)
+        request = _next_request(control, number)
         if request is None:
             return 0
         number += 1
