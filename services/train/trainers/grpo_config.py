@@ -28,6 +28,8 @@ class GRPOConfig(BaseModel):
     groups_per_step: int | None = Field(default=None, ge=1, description="groups per optimizer step (None: all)")
     mini_batches: int = Field(default=1, ge=1, description="optimizer steps per batch (PPO-style; the clip acts)")
     micro_batch_tokens: int = Field(default=4096, ge=1, description="token budget of one forward/backward pass")
+    seq_len: int | None = Field(default=None, ge=1, description="pack rollouts into rows of this many tokens "
+                                "(attention does not cross them; None: one rollout per row, padded)")
     loss: LossConfig = Field(default_factory=LossConfig)
     temperature: float | None = Field(default=None, gt=0, description="must equal the collection's, when given")
     max_logprob_gap: float | None = Field(default=None, gt=0, description="refuse a batch whose mean |log ρ| is above")

@@ -165,7 +165,7 @@ def _token_logprobs_module() -> Any:
             return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
 
         def forward(self, input_ids: Any, attention_mask: Any, positions: Any, targets: Any,
-                    temperatures: Any) -> Any:
+                    temperatures: Any, position_ids: Any = None) -> Any:
             causal = self.causal()
 
             def picked(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -176,7 +176,8 @@ def _token_logprobs_module() -> Any:
             device_type = "cuda" if input_ids.is_cuda else "cpu"
             try:
                 with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-                    logits = causal(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+                    logits = causal(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    use_cache=False).logits
             finally:
                 handle.remove()
             logits = logits.reshape(-1, logits.shape[-1]).float() / temperatures[:, None]
@@ -242,6 +243,18 @@ class PolicyTrainer:
         else:
             adapter = str(Path(checkpoint) / "adapter") if checkpoint else init
             model, _ = load_policy(self.base_model, adapter, self.args.lora)
+        self.use_model(model)
+        if checkpoint:
+            self._restore_state(Path(checkpoint))
+        self.checkpoint = init
+        self.load_s = round(time.perf_counter() - started, 3)
+
+    def use_model(self, model: Any) -> None:
+        """Train `model` (a causal LM; a PEFT model for finetune: lora) from a fresh optimizer and schedule:
+        placed on this process's device and wrapped for data parallelism. `load` calls it; a benchmark
+        gives it a randomly initialised model."""
+        import torch
+
         model.to(self.device)
         if self.args.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -270,10 +283,6 @@ class PolicyTrainer:
                                            weight_decay=self.args.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.step = 0
-        if checkpoint:
-            self._restore_state(Path(checkpoint))
-        self.checkpoint = init
-        self.load_s = round(time.perf_counter() - started, 3)
 
     def _schedule_settings(self) -> dict[str, Any]:
         """What identifies an LR schedule: a checkpoint saved under other settings (the previous stage's)
@@ -462,53 +471,89 @@ class PolicyTrainer:
             out.append(current)
         return out
 
+    def _rows(self, sequences: list[TrainSequence]) -> list[list[int]]:
+        """Which sequences share a row: one each, or with `seq_len` packed first-fit in order into rows of
+        at most seq_len tokens (a longer rollout gets a row of its own)."""
+        capacity = self.args.seq_len
+        if capacity is None:
+            return [[k] for k in range(len(sequences))]
+        rows: list[list[int]] = []
+        fill: list[int] = []
+        for k, seq in enumerate(sequences):
+            row = next((r for r, used in enumerate(fill) if used + seq.length <= capacity), None)
+            if row is None:
+                rows.append([k])
+                fill.append(seq.length)
+            else:
+                rows[row].append(k)
+                fill[row] += seq.length
+        return rows
+
     def _tensors(self, sequences: list[TrainSequence]) -> dict[str, Any]:
-        """Right-padded ids, the flat positions whose hidden state predicts each loss token, and per
-        loss token: its target id, temperature, sampling logprob and rollout number in the micro-batch."""
+        """The micro-batch's ids in rows, the flat positions whose hidden state predicts each loss token,
+        and per loss token: its target id, temperature, sampling logprob, rollout number in the
+        micro-batch (the order of `sequences`), advantage. One rollout per row: right-padded with an
+        attention mask. Packed (`seq_len`): several per row, position ids restarting at 0 with each
+        rollout and no attention mask, from which the model builds a block-diagonal causal mask
+        (transformers' packed-sequence masks; flash-attention's varlen kernels), so no rollout
+        attends to another."""
         import torch
 
-        width = max(s.length for s in sequences)
-        ids, attention = [], []
+        rows = self._rows(sequences)
+        packed = self.args.seq_len is not None
+        width = max(sum(sequences[k].length for k in row) for row in rows)
+        ids, attention, position_ids = [], [], []
+        start = [0] * len(sequences)  # where each sequence begins in the flattened rows
+        for number, row in enumerate(rows):
+            row_ids: list[int] = []
+            row_positions: list[int] = []
+            for k in row:
+                start[k] = number * width + len(row_ids)
+                row_ids += sequences[k].prompt_ids + sequences[k].completion_ids
+                row_positions += list(range(sequences[k].length))
+            pad = width - len(row_ids)
+            ids.append(row_ids + [0] * pad)
+            attention.append([1] * len(row_ids) + [0] * pad)
+            position_ids.append(row_positions + list(range(pad)))  # the padding: a segment of its own
+        # Loss tokens in the order of `sequences`, whatever rows they were packed into.
         positions, targets, temperatures, sampled, rollout, advantages = [], [], [], [], [], []
-        for row, seq in enumerate(sequences):
-            tokens = seq.prompt_ids + seq.completion_ids
-            ids.append(tokens + [0] * (width - len(tokens)))
-            attention.append([1] * len(tokens) + [0] * (width - len(tokens)))
+        for k, seq in enumerate(sequences):
             for j, (token, keep) in enumerate(zip(seq.completion_ids, seq.loss_mask)):
                 if keep:
-                    positions.append(row * width + len(seq.prompt_ids) + j - 1)
+                    positions.append(start[k] + len(seq.prompt_ids) + j - 1)
                     targets.append(token)
                     sampled.append(seq.sampling_logprobs[j])
-                    rollout.append(row)
+                    rollout.append(k)
                     temperatures.append(seq.temperature)
                     advantages.append(seq.advantage)
         # Made where the model is, straight from the lists (a tensor made without a device is a CPU one).
         device = self.device
         return {"input_ids": torch.tensor(ids, dtype=torch.long, device=device),
-                "attention_mask": torch.tensor(attention, dtype=torch.long, device=device),
+                "attention_mask": None if packed else torch.tensor(attention, dtype=torch.long, device=device),
+                "position_ids": torch.tensor(position_ids, dtype=torch.long, device=device) if packed else None,
                 "positions": torch.tensor(positions, dtype=torch.long, device=device),
                 "targets": torch.tensor(targets, dtype=torch.long, device=device),
                 "temperatures": torch.tensor(temperatures, dtype=torch.float32, device=device),
                 "sampled": torch.tensor(sampled, dtype=torch.float32, device=device),
                 "rollout": torch.tensor(rollout, dtype=torch.long, device=device),
+                "rollout_list": rollout,
                 "advantages": torch.tensor(advantages, dtype=torch.float32, device=device)}
 
     def _forward(self, tensors: dict[str, Any]) -> Any:
         return self.module(tensors["input_ids"], tensors["attention_mask"], tensors["positions"], tensors["targets"],
-                           tensors["temperatures"])
+                           tensors["temperatures"], tensors["position_ids"])
 
     def _logprobs_no_grad(self, batch: list[TrainSequence]) -> list[Any]:
-        """Per rollout, the current policy's logprobs of its loss tokens (no gradient)."""
+        """Per rollout, the current policy's logprobs of its loss tokens (no gradient), computed in the
+        step's micro-batches and left on the device."""
         import torch
 
-        out = []
+        out = [torch.zeros(0, device=self.device)] * len(batch)
         with torch.no_grad():
-            for seq in batch:
-                if not seq.loss_tokens:
-                    out.append(torch.zeros(0, device="cpu"))
-                    continue
-                tensors = self._tensors([seq])
-                out.append(self._forward(tensors).detach().cpu())
+            for indices in self._micro_batches([i for i, seq in enumerate(batch) if seq.loss_tokens], batch):
+                logprobs = self._forward(self._tensors([batch[i] for i in indices])).detach()
+                for i, part in zip(indices, logprobs.split([batch[i].loss_tokens for i in indices])):
+                    out[i] = part
         return out
 
     def _reference_logprobs(self, batch: list[TrainSequence]) -> list[Any]:
@@ -538,7 +583,7 @@ class PolicyTrainer:
         for number, (indices, dummy) in enumerate(passes):
             sequences = [batch[i] for i in indices]
             tensors = self._tensors(sequences)
-            token_scales = torch.tensor([0.0 if dummy else scales[indices[r]] for r in tensors["rollout"].tolist()],
+            token_scales = torch.tensor([0.0 if dummy else scales[indices[r]] for r in tensors["rollout_list"]],
                                         dtype=torch.float32, device=self.device)
             last = number == len(passes) - 1
             sync = nullcontext()

@@ -1,0 +1,75 @@
+"""Sequence packing (`seq_len`): several rollouts share a row, with position ids restarting at each, and
+the step is the unpacked one: the same logprobs, loss and gradient within fp32 rounding, on a tiny
+random Llama whose attention would otherwise let a rollout see the one packed before it."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rollgym.train.trainers.grpo_config import GRPOConfig  # noqa: E402
+from rollgym.train.trainers.grpo_trainer import PolicyTrainer, TrainSequence  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    folder = tmp_path_factory.mktemp("tiny") / "model"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+def batch() -> list[TrainSequence]:
+    generator = torch.Generator().manual_seed(7)
+    out = []
+    for i, (prompt, completion) in enumerate([(5, 6), (3, 14), (7, 4), (4, 7), (2, 9)]):
+        ids = torch.randint(0, 40, (prompt + completion,), generator=generator).tolist()
+        mask = [1] * completion
+        mask[1] = 0
+        logprobs = (-3.7 + (torch.rand(completion, generator=generator) - 0.5) * 0.6).tolist()
+        out.append(TrainSequence(ids[:prompt], ids[prompt:], mask, logprobs,
+                                 advantage=[1.0, -0.5, 0.8, -1.2, 0.3][i], temperature=0.9))
+    return out
+
+
+def sgd_step(tiny_model: str, **args) -> tuple[dict, dict, PolicyTrainer]:
+    """One step with plain SGD at lr 1, so each weight moves by exactly −gradient."""
+    trainer = PolicyTrainer(GRPOConfig(finetune="full", max_grad_norm=None, **args), tiny_model)
+    trainer.load(None)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=1.0)
+    metrics = trainer.train_batch(batch())
+    gradient = {n: before[n] - p.detach() for n, p in trainer.model.named_parameters()}
+    return gradient, metrics, trainer
+
+
+def test_packed_rows_give_the_unpacked_logprobs_loss_and_gradient(tiny_model) -> None:
+    plain, plain_metrics, trainer = sgd_step(tiny_model)
+    packed, packed_metrics, packer = sgd_step(tiny_model, seq_len=32, micro_batch_tokens=40)
+
+    rows = packer._tensors(batch())
+    assert rows["input_ids"].shape[0] < len(batch()) and rows["input_ids"].shape[1] <= 32  # several per row
+    assert rows["attention_mask"] is None and rows["position_ids"][0].tolist().count(0) >= 2
+    assert packed_metrics["tokens"] == plain_metrics["tokens"] == sum(s.loss_tokens for s in batch())
+    assert packed_metrics["loss"] == pytest.approx(plain_metrics["loss"], rel=1e-5)
+    assert all(torch.allclose(packed[n], plain[n], atol=1e-6, rtol=1e-4) for n in plain)
+    assert any(plain[n].abs().max() > 1e-4 for n in plain)  # the step moved the weights
+
+    fresh = PolicyTrainer(GRPOConfig(finetune="full"), tiny_model)
+    fresh.load(None)
+    fresh_packer = PolicyTrainer(GRPOConfig(finetune="full", seq_len=32), tiny_model)
+    fresh_packer.load(None)
+    with torch.no_grad():
+        unpacked_logprobs = fresh._forward(fresh._tensors(batch()))
+        packed_logprobs = fresh_packer._forward(fresh_packer._tensors(batch()))
+    assert torch.allclose(packed_logprobs, unpacked_logprobs, atol=1e-5)
+    # Without the restarting positions (one causal run over the row), the later rollouts of a row differ.
+    tensors = fresh_packer._tensors(batch())
+    tensors["position_ids"] = None
+    with torch.no_grad():
+        crossing = fresh_packer._forward(tensors)
+    assert not torch.allclose(crossing, unpacked_logprobs, atol=1e-3)
