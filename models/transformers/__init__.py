@@ -1,0 +1,1 @@
+"""A model server on Hugging Face transformers (see app.py)."""

@@ -1,0 +1,316 @@
+"""transformers: a model server on Hugging Face transformers, for a GPU without vLLM (or a CPU).
+
+The same contract as the embedded model (models/llamacpp): `/v1/responses` and
+`/v1/chat/completions`, every generated item carrying `prompt_token_ids`, `generation_token_ids`,
+`generation_log_probs` (processed: of the distribution sampled from), the `sampling` record and
+`model_version`; a turn that echoes the previous turn's items is built on exactly those tokens;
+PEFT LoRA adapters load and unload while serving (vLLM's routes), and a request's `model` picks one.
+Generation is batched on one worker thread (engine.py). See README.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from pydantic import Field
+
+from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
+from rollgym.adapters import Adapter, LoadLoraAdapterRequest
+from rollgym.chat_conversion import ConversionError, responses_to_chat_request
+from rollgym.sequences import previous_turn
+from rollgym.server import JSONBytesResponse, read_json
+from rollgym.tool_calls import parse_hermes_tool_calls
+
+from .chat_format import resolve_tool_choice
+from .engine import BatchQueue, ContextLengthError, Engine, Generation, GenerationRequest, pick_device, pick_dtype
+
+
+class TransformersConfig(ServerConfig):
+    model_path: str = Field(default="bundled", description="'bundled' (SmolLM2-135M), a *.gguf file, a Hugging Face "
+                                                           "model folder or id")
+    model_name: str | None = Field(default=None, description="the name /v1/models lists; default: the path's stem")
+    device: str = Field(default="auto", description="auto: cuda when available, else cpu; or cpu, cuda, cuda:1, mps")
+    dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(default="auto", description="auto: bf16 on cuda, else fp32")
+    n_ctx: int = Field(default=4096, ge=64, description="prompt + generation tokens of one request")
+    max_batch: int = Field(default=32, ge=1, description="requests generated together in one wave")
+    seed: int = 0
+    default_max_output_tokens: int = Field(default=256, ge=1)
+    logprobs_mode: Literal["processed", "raw"] = Field(
+        default="processed", description="processed: of the distribution sampled from (temperature, top-k, top-p); "
+                                         "raw: log-softmax of the logits, vLLM's default")
+
+
+class TransformersModel(ModelServer):
+    config_class = TransformersConfig
+    config: TransformersConfig
+
+    async def startup(self) -> None:
+        config = self.config
+        self.model_name = config.model_name or served_name(config.model_path)
+        self.engine = await asyncio.to_thread(load_engine, config)
+        self._keys = 0
+        self.queue = BatchQueue(self.engine, self._select, max_batch=config.max_batch)
+
+    async def shutdown(self) -> None:
+        queue = getattr(self, "queue", None)
+        if queue is not None:
+            await asyncio.to_thread(queue.close, 5.0)
+
+    def model_names(self) -> list[str]:
+        return [getattr(self, "model_name", self.name)]
+
+    # ------------------------------------------------------------------ adapters
+
+    def _select(self, key: str | None) -> None:
+        """On the worker thread: the weights of the next wave (an adapter's key, or None for the base)."""
+        if not self.engine.adapter_keys:
+            return
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        # Layer by layer, as transformers' enable/disable_adapters do (they want a newer peft than load_adapter).
+        for module in self.engine.model.modules():
+            if isinstance(module, BaseTunerLayer):
+                if key is None:
+                    module.enable_adapters(False)
+                else:
+                    module.enable_adapters(True)
+                    module.set_adapter(key)
+
+    async def attach_adapter(self, request: LoadLoraAdapterRequest) -> Any:
+        """Load a PEFT adapter folder beside the base weights, under a key of its own (so a replaced adapter
+        keeps serving the requests that arrived under it)."""
+        folder = Path(request.lora_path).expanduser()
+        if not folder.is_dir():
+            raise BadRequest(f"{folder} does not exist or is not a folder (a PEFT adapter folder)",
+                             field="lora_path", status=404)
+        if not (folder / "adapter_config.json").is_file():
+            raise BadRequest(f"{folder} has no adapter_config.json: not a PEFT adapter folder", field="lora_path",
+                             status=404)
+        self._keys += 1
+        key = f"rollgym_{self._keys}"
+        try:
+            await self.queue.run(lambda: load_peft(self.engine, str(folder), key))
+        except AdapterLoadError as exc:
+            raise BadRequest(str(exc), field="lora_path", status=400) from None
+        return key
+
+    async def detach_adapter(self, adapter: Adapter) -> None:
+        # Queued behind every request that may still use it (FIFO).
+        await self.queue.run(lambda: drop_peft(self.engine, adapter.handle))
+        return None
+
+    # ------------------------------------------------------------------ generation
+
+    async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
+        adapter = self.adapter_for(payload)
+        model, version = (adapter.name if adapter else self.model_name), self.version_of(adapter)
+        try:
+            chat = responses_to_chat_request(payload)
+            previous = previous_turn(payload)
+            # Not a Responses field, but the sampling record states it: what it states is what is applied.
+            chat["top_k"] = payload.get("top_k")
+        except ConversionError as exc:
+            raise BadRequest(str(exc), field=exc.field) from None
+        try:
+            request, tools = self._request(chat, previous, adapter, field="tool_choice")
+        except ContextLengthError:
+            return build_response(payload, [], model=model, status="incomplete",
+                                  incomplete_details={"reason": "max_output_tokens"}, model_version=version)
+        result = await self.queue.submit(request)
+        text, calls = self._parse(result, tools)
+        output = output_items(text, calls, request, result)
+        usage = {"input_tokens": len(request.prompt_ids), "output_tokens": len(result.token_ids)}
+        incomplete = result.finish_reason == "length"
+        return build_response(payload, output, model=model, usage=usage,
+                              status="incomplete" if incomplete else "completed",
+                              incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+                              model_version=version, logprobs_mode=self._logprobs_mode(chat))
+
+    async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
+        adapter = self.adapter_for(payload)
+        try:
+            request, tools = self._request(payload, None, adapter, field="tool_choice")
+        except ContextLengthError as exc:
+            raise BadRequest(str(exc), field="messages") from None
+        result = await self.queue.submit(request)
+        text, calls = self._parse(result, tools)
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if calls:
+            message["tool_calls"] = calls
+        logprobs = None
+        if payload.get("logprobs"):
+            logprobs = {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                                    for t, lp in zip(result.token_ids, result.logprobs)]}
+        finish = "tool_calls" if calls else result.finish_reason
+        return {
+            "id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
+            "model": adapter.name if adapter else self.model_name, "prompt_token_ids": request.prompt_ids,
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
+                         "token_ids": result.token_ids}],
+            "usage": {"prompt_tokens": len(request.prompt_ids), "completion_tokens": len(result.token_ids),
+                      "total_tokens": len(request.prompt_ids) + len(result.token_ids)},
+            "model_version": self.version_of(adapter),
+        }
+
+    def _request(self, chat: dict[str, Any], previous: Any, adapter: Adapter | None,
+                 *, field: str) -> tuple[GenerationRequest, list[Any]]:
+        """A generation request from a chat request (validated: a bad value is a 400 naming its field)."""
+        max_tokens = chat.get("max_tokens") or chat.get("max_completion_tokens") or self.config.default_max_output_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise BadRequest("must be a positive integer", field="max_tokens")
+        sampling = {}
+        for name, default, low, high in (("temperature", 1.0, 0.0, 100.0), ("top_p", 1.0, 1e-9, 1.0)):
+            value = chat.get(name)
+            if value is None:
+                value = default
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise BadRequest(f"must be a number in [{low:g}, {high:g}]", field=name)
+            sampling[name] = float(value)
+        top_k = chat.get("top_k") or 0
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            raise BadRequest("must be a non-negative integer", field="top_k")
+        seed = chat.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise BadRequest("must be an integer", field="seed")
+        stop = chat.get("stop")
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise BadRequest("must be a string or a list of strings", field="stop")
+        try:
+            tools, opening = resolve_tool_choice(chat.get("tools"), chat.get("tool_choice"))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise BadRequest(str(exc), field=field) from None
+        prompt, _ = self.engine.prompt_ids(chat["messages"], tools, previous)
+        if len(prompt) > self.engine.n_ctx - 1:
+            raise ContextLengthError(len(prompt), self.engine.n_ctx)
+        forced = self.engine.tokenize(opening) if opening else []
+        closing = self.engine.closing_ids if opening else []
+        return GenerationRequest(prompt_ids=prompt, max_tokens=max_tokens, temperature=sampling["temperature"],
+                                 top_p=sampling["top_p"], top_k=top_k, seed=seed, forced_ids=forced,
+                                 closing_ids=closing, stop=stops,
+                                 adapter=adapter.handle if adapter else None), tools
+
+    def _parse(self, result: Generation, tools: list[Any]) -> tuple[str, list[dict[str, Any]]]:
+        text = self.engine.detokenize([t for t in result.token_ids if t not in self.engine.eog_ids])
+        if result.stop_cut is not None:
+            text = text[: result.stop_cut]
+        calls: list[dict[str, Any]] = []
+        if tools:
+            text, calls = parse_hermes_tool_calls(text)
+        return text.strip(), calls
+
+    def _logprobs_mode(self, chat: dict[str, Any]) -> str:
+        """Greedy decoding has no sampled distribution: its logprobs stay raw."""
+        greedy = chat.get("temperature") is not None and float(chat["temperature"]) <= 0
+        return "raw" if greedy else self.config.logprobs_mode
+
+    def add_routes(self, app: FastAPI) -> None:
+        super().add_routes(app)
+
+        @app.post("/tokenize")
+        async def tokenize(request: Request) -> JSONBytesResponse:
+            """{"text": str} or {"input": Responses input, "tools", "instructions", "add_generation_prompt"}."""
+            payload = await read_json(request)
+            if isinstance(payload, dict) and isinstance(payload.get("text"), str):
+                ids = self.engine.tokenize(payload["text"])
+                return JSONBytesResponse({"tokens": ids, "count": len(ids)})
+            if not isinstance(payload, dict) or payload.get("input") is None:
+                raise BadRequest("required: 'text' (a string) or 'input' (Responses input items)", field="text")
+            try:
+                chat = responses_to_chat_request({key: payload.get(key) for key in ("input", "instructions", "tools")})
+            except ConversionError as exc:
+                raise BadRequest(str(exc), field=exc.field) from None
+            ids = self.engine.render(chat["messages"], chat.get("tools"),
+                                     add_generation_prompt=payload.get("add_generation_prompt", True) is not False)
+            return JSONBytesResponse({"tokens": ids, "count": len(ids)})
+
+        @app.post("/detokenize")
+        async def detokenize(request: Request) -> JSONBytesResponse:
+            payload = await read_json(request)
+            tokens = payload.get("tokens") if isinstance(payload, dict) else None
+            if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < self.engine.n_vocab
+                                                       for t in tokens):
+                raise BadRequest(f"required: a list of token ids in [0, {self.engine.n_vocab})", field="tokens")
+            return JSONBytesResponse({"text": self.engine.detokenize(tokens)})
+
+
+class AdapterLoadError(ValueError):
+    """A PEFT adapter the served model cannot take; nothing was changed."""
+
+
+def served_name(model_path: str) -> str:
+    """The base model's name: a GGUF's stem (the bundled one's too, as the embedded model names it), a folder's
+    name, or a Hugging Face id."""
+    if model_path == "bundled":
+        from rollgym.train.trainers.policy import bundled_gguf
+
+        return Path(bundled_gguf()).stem
+    path = Path(model_path)
+    return path.stem if model_path.endswith(".gguf") else path.name if path.is_dir() else model_path
+
+
+def load_engine(config: TransformersConfig) -> Engine:
+    """Load the model and tokenizer (a GGUF is dequantized once and cached, as the trainer does) onto the device."""
+    from rollgym.train.trainers.policy import load_base
+
+    device = pick_device(config.device)
+    model, tokenizer = load_base(config.model_path)
+    if tokenizer is None:
+        raise ValueError(f"model_path {config.model_path!r} has no tokenizer: the server renders chat prompts")
+    model = model.to(device=device, dtype=pick_dtype(config.dtype, device))
+    n_ctx = min(config.n_ctx, int(getattr(model.config, "max_position_embeddings", config.n_ctx) or config.n_ctx))
+    return Engine(model, tokenizer, n_ctx=n_ctx, seed=config.seed)
+
+
+def load_peft(engine: Engine, folder: str, key: str) -> None:
+    """On the worker thread: add the adapter under `key`; on failure, take back whatever was added."""
+    model = engine.model
+    try:
+        model.load_adapter(folder, adapter_name=key, hotswap=False)
+    except Exception as exc:  # PEFT and safetensors raise many kinds; each means this adapter does not fit
+        if key in (getattr(model, "peft_config", None) or {}):
+            drop_peft(engine, key)
+        raise AdapterLoadError(f"cannot load the adapter at {folder}: {type(exc).__name__}: {exc}"[:2000]) from None
+    engine.adapter_keys.add(key)
+    model.to(engine.device)
+
+
+def drop_peft(engine: Engine, key: str) -> None:
+    """On the worker thread: remove the adapter `key` (the last one leaves the base weights alone). Through
+    peft's own function: transformers' `delete_adapter` wants a newer peft than its `load_adapter` does."""
+    from peft.functional import delete_adapter
+
+    model = engine.model
+    config = model.peft_config[key]
+    delete_adapter(model, adapter_name=key, prefix=f"{config.peft_type.value.lower()}_")
+    model.peft_config.pop(key, None)
+    if not model.peft_config:
+        del model.peft_config
+        model._hf_peft_config_loaded = False
+    engine.adapter_keys.discard(key)
+
+
+def output_items(text: str, calls: list[dict[str, Any]], request: GenerationRequest,
+                 result: Generation) -> list[dict[str, Any]]:
+    """Responses output items of one generation; the token record goes on the last one."""
+    items: list[dict[str, Any]] = []
+    if text:
+        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
+                      "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    for call in calls:
+        items.append({"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": call["id"],
+                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                      "status": "completed"})
+    if not items:
+        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
+                      "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]})
+    items[-1].update(prompt_token_ids=request.prompt_ids, generation_token_ids=result.token_ids,
+                     generation_log_probs=result.logprobs)
+    if result.forced is not None:
+        items[-1]["generation_forced"] = result.forced
+    return items

@@ -1,0 +1,1 @@
+"""Tests of the transformers model server (the bundled SmolLM2-135M on CPU, real HTTP)."""
