@@ -78,35 +78,52 @@ def sequence_scales(token_counts: Sequence[int], config: LossConfig) -> list[flo
     return [1.0 / (rollouts * config.max_tokens)] * rollouts
 
 
+# What `LossTerms.stats` holds, in order: sums to be added up over micro-batches, except ρ's min and max.
+STATS = ("rho_sum", "rho_min", "rho_max", "capped", "clipped", "masked_rollouts", "masked_tokens",
+         "mismatch_kl_sum", "kl_sum")
+
+
 @dataclass
 class LossTerms:
-    """One micro-batch's loss and what it measured (sums, to be added up over the batch)."""
+    """One micro-batch's loss and what it measured. `stats` stays on the batch's device (reading it waits
+    for the GPU, so a trainer adds micro-batches' stats up there and reads them once per step); the
+    named properties read one value each: Σ ρ, min ρ, max ρ, tokens whose ρ was truncated, tokens whose
+    PPO term was clipped or dual-clipped (no gradient), masked rollouts and tokens, Σ (log μ − log π_old)
+    (an estimate of KL(μ ‖ π_old) per token), Σ k3 to the reference (0 without one)."""
 
     loss: "torch.Tensor"  # noqa: F821 - scalar, already scaled: sum over micro-batches = the batch loss
     tokens: int
-    rho_sum: float  # Σ ρ
-    rho_min: float
-    rho_max: float
-    capped: int  # tokens whose ρ was truncated
-    clipped: int  # tokens whose PPO term was clipped (no gradient)
-    masked_rollouts: int
-    masked_tokens: int
-    mismatch_kl_sum: float  # Σ (log μ − log π_old): an estimate of KL(μ ‖ π_old) per token
-    kl_sum: float  # Σ k3 to the reference (0 without one)
+    stats: "torch.Tensor"  # noqa: F821 - float64, one value per name of STATS
+
+    def _stat(self, name: str) -> float:
+        return float(self.stats[STATS.index(name)])
+
+    rho_sum = property(lambda self: self._stat("rho_sum"))
+    rho_min = property(lambda self: self._stat("rho_min"))
+    rho_max = property(lambda self: self._stat("rho_max"))
+    capped = property(lambda self: int(self._stat("capped")))
+    clipped = property(lambda self: int(self._stat("clipped")))
+    masked_rollouts = property(lambda self: int(self._stat("masked_rollouts")))
+    masked_tokens = property(lambda self: int(self._stat("masked_tokens")))
+    mismatch_kl_sum = property(lambda self: self._stat("mismatch_kl_sum"))
+    kl_sum = property(lambda self: self._stat("kl_sum"))
 
 
 def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling_logprobs: "torch.Tensor",  # noqa: F821
                 advantages: "torch.Tensor", rollout_index: "torch.Tensor", scales: "torch.Tensor",  # noqa: F821
-                config: LossConfig, ref_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
+                config: LossConfig, ref_logprobs: "torch.Tensor | None" = None,  # noqa: F821
+                rollouts: int | None = None) -> LossTerms:
     """The objective over a micro-batch's loss tokens, as flat 1-D tensors of one length.
 
     `rollout_index[t]` numbers the rollout (within this micro-batch) token t belongs to; `advantages`
     and `scales` are per token too (the rollout's A_i and s_i). Only tokens with m_it = 1 are passed.
+    `rollouts`: how many rollouts the micro-batch has (given, nothing here waits for the device).
     """
     import torch
 
     count = int(logprobs.numel())
-    rollouts = int(rollout_index.max()) + 1 if count else 0
+    if rollouts is None:
+        rollouts = int(rollout_index.max()) + 1 if count else 0
     old = old_logprobs.detach()
     log_rho = (old - sampling_logprobs.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     rho = log_rho.exp()
@@ -144,15 +161,14 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
     with torch.no_grad():
         # The clip acts where the clipped term is the smaller one and differs: no gradient flows there.
         # The dual clip acts where A < 0 and r > dual_clip: no gradient there either; both are counted.
-        clipped = int((((clipped_term < unclipped_term) & (clipped_ratio != ratio)) | dual).sum())
-        masked_tokens = int((keep == 0).sum())
-    return LossTerms(
-        loss=loss, tokens=count, rho_sum=float(rho.sum()), rho_min=float(rho.min()) if count else 1.0,
-        rho_max=float(rho.max()) if count else 1.0,
-        capped=int((rho > config.tis_cap).sum()) if config.correction == "tis" else 0,
-        clipped=clipped, masked_rollouts=int((~keep_rollout).sum()), masked_tokens=masked_tokens,
-        mismatch_kl_sum=float((-log_rho).sum()), kl_sum=float(kl.detach().sum()),
-    )
+        clipped = (((clipped_term < unclipped_term) & (clipped_ratio != ratio)) | dual).sum()
+        one = torch.ones((), dtype=rho.dtype, device=device)
+        capped = (rho > config.tis_cap).sum() if config.correction == "tis" else 0 * one
+        stats = torch.stack([
+            rho.sum(), rho.amin() if count else one, rho.amax() if count else one, capped.to(rho.dtype),
+            clipped.to(rho.dtype), (~keep_rollout).sum().to(rho.dtype), (keep == 0).sum().to(rho.dtype),
+            (-log_rho).sum(), kl.detach().sum().to(rho.dtype)]).double()
+    return LossTerms(loss=loss, tokens=count, stats=stats)
 
 
-__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "policy_loss", "sequence_scales"]
+__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "STATS", "policy_loss", "sequence_scales"]

@@ -33,7 +33,7 @@ from typing import Any
 
 from ...data.records import model_token_mask
 from .grpo_config import GRPOConfig
-from .grpo_loss import policy_loss, sequence_scales
+from .grpo_loss import STATS, policy_loss, sequence_scales
 from .base import TrainingFailed
 
 STATE_FILE = "trainer_state.pt"
@@ -577,9 +577,12 @@ class PolicyTrainer:
         rounds = int(dist.all_max([float(len(micro))])[0])
         filler = next(i for i in range(len(batch)) if batch[i].loss_tokens)
         passes = [(indices, False) for indices in micro] + [([filler], True)] * (rounds - len(micro))
-        sums = [0.0] * 10
-        rho_min, rho_max = math.inf, -math.inf
-        gap = [0.0, 0.0]
+        # Measured on the device and read once after the loop: reading a value inside it would wait for
+        # the GPU at every micro-batch. STATS's sums, then the loss and Σ |log π_old − log μ|.
+        sums = torch.zeros(len(STATS) + 2, dtype=torch.float64, device=self.device)
+        lowest = torch.full((), math.inf, dtype=torch.float64, device=self.device)
+        highest = torch.full((), -math.inf, dtype=torch.float64, device=self.device)
+        tokens = rollouts = 0
         for number, (indices, dummy) in enumerate(passes):
             sequences = [batch[i] for i in indices]
             tensors = self._tensors(sequences)
@@ -597,22 +600,27 @@ class PolicyTrainer:
                           else logprobs.detach())
                 ref_lp = torch.cat([ref[i] for i in indices]).to(self.device) if ref is not None else None
                 terms = policy_loss(logprobs, old_lp, tensors["sampled"], tensors["advantages"], tensors["rollout"],
-                                    token_scales, args.loss, ref_lp)
+                                    token_scales, args.loss, ref_lp, rollouts=len(indices))
                 # DDP averages gradients over processes; the scales already divide by the whole batch.
                 (terms.loss * dist.world).backward()
             if dummy:
                 continue
-            gap[0] += float((old_lp - tensors["sampled"]).abs().sum())
-            gap[1] += terms.tokens
-            sums = [a + b for a, b in zip(sums, [
-                float(terms.loss.detach()), terms.tokens, terms.rho_sum, terms.capped, terms.clipped,
-                terms.masked_rollouts, terms.masked_tokens, terms.mismatch_kl_sum, terms.kl_sum, len(indices)])]
-            rho_min, rho_max = min(rho_min, terms.rho_min), max(rho_max, terms.rho_max)
-        loss, tokens, rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl, rollouts = \
-            dist.all_sum(sums)
-        gap_sum, gap_tokens = dist.all_sum(gap)
-        rho_min = dist.all_min([rho_min])[0]
-        rho_max = dist.all_max([rho_max])[0]
+            with torch.no_grad():
+                gap = (old_lp - tensors["sampled"]).abs().sum().double()
+                sums += torch.cat([terms.stats, terms.loss.detach().double()[None], gap[None]])
+                lowest = torch.minimum(lowest, terms.stats[STATS.index("rho_min")])
+                highest = torch.maximum(highest, terms.stats[STATS.index("rho_max")])
+            tokens += terms.tokens
+            rollouts += len(indices)
+        measured = sums.tolist()
+        named = dict(zip(STATS, measured))
+        rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl, loss, gap_sum, tokens, rollouts = \
+            dist.all_sum([named["rho_sum"], named["capped"], named["clipped"], named["masked_rollouts"],
+                          named["masked_tokens"], named["mismatch_kl_sum"], named["kl_sum"], measured[-2],
+                          measured[-1], float(tokens), float(rollouts)])
+        gap_tokens = tokens
+        rho_min = dist.all_min([float(lowest)])[0]
+        rho_max = dist.all_max([float(highest)])[0]
         if args.max_logprob_gap is not None and gap_tokens and gap_sum / gap_tokens > args.max_logprob_gap:
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingFailed(
