@@ -526,18 +526,21 @@ class PolicyTrainer:
                     rollout.append(k)
                     temperatures.append(seq.temperature)
                     advantages.append(seq.advantage)
-        # Made where the model is, straight from the lists (a tensor made without a device is a CPU one).
+        # Made on the host and sent to the model's device: from pinned memory without blocking on a GPU, so
+        # building the next micro-batch does not wait for the last one's kernels.
         device = self.device
-        return {"input_ids": torch.tensor(ids, dtype=torch.long, device=device),
-                "attention_mask": None if packed else torch.tensor(attention, dtype=torch.long, device=device),
-                "position_ids": torch.tensor(position_ids, dtype=torch.long, device=device) if packed else None,
-                "positions": torch.tensor(positions, dtype=torch.long, device=device),
-                "targets": torch.tensor(targets, dtype=torch.long, device=device),
-                "temperatures": torch.tensor(temperatures, dtype=torch.float32, device=device),
-                "sampled": torch.tensor(sampled, dtype=torch.float32, device=device),
-                "rollout": torch.tensor(rollout, dtype=torch.long, device=device),
-                "rollout_list": rollout,
-                "advantages": torch.tensor(advantages, dtype=torch.float32, device=device)}
+
+        def put(values: list[Any], dtype: Any) -> Any:
+            host = torch.tensor(values, dtype=dtype, device="cpu")
+            return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+
+        return {"input_ids": put(ids, torch.long),
+                "attention_mask": None if packed else put(attention, torch.long),
+                "position_ids": put(position_ids, torch.long) if packed else None,
+                "positions": put(positions, torch.long), "targets": put(targets, torch.long),
+                "temperatures": put(temperatures, torch.float32), "sampled": put(sampled, torch.float32),
+                "rollout": put(rollout, torch.long), "rollout_list": rollout,
+                "advantages": put(advantages, torch.float32)}
 
     def _forward(self, tensors: dict[str, Any]) -> Any:
         return self.module(tensors["input_ids"], tensors["attention_mask"], tensors["positions"], tensors["targets"],
@@ -587,7 +590,9 @@ class PolicyTrainer:
             sequences = [batch[i] for i in indices]
             tensors = self._tensors(sequences)
             token_scales = torch.tensor([0.0 if dummy else scales[indices[r]] for r in tensors["rollout_list"]],
-                                        dtype=torch.float32, device=self.device)
+                                        dtype=torch.float32, device="cpu")
+            if self.device.type == "cuda":
+                token_scales = token_scales.pin_memory().to(self.device, non_blocking=True)
             last = number == len(passes) - 1
             sync = nullcontext()
             if self.sharded:
