@@ -30,6 +30,7 @@ from rollgym import ModelServer, ResponsesCreateParams, ServerCallError, ServerC
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.chat_conversion import ConversionError, chat_response_to_output, responses_to_chat_request
 from rollgym.client import Reply
+from rollgym.model import stamp_sampling
 from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
@@ -89,6 +90,25 @@ class ChatCompletionsConfig(ServerConfig):
     @property
     def base_urls(self) -> list[str]:
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
+
+
+# The sampling settings a token backend is always sent, at these neutral values when neither the request nor
+# extra_body gives one: vLLM (and SGLang) otherwise fill the missing ones in from the model's
+# generation_config (e.g. its repetition_penalty or top_k), and the tokens would not be sampled under
+# what their items record.
+NEUTRAL_SAMPLING: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                                      "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def applied_sampling(request: dict[str, Any], logprobs_mode: str) -> dict[str, Any]:
+    """The sampling record of what the backend was sent (extra_body included, after pinning): temperature,
+    top_p, top_k (0: off) and the logprobs mode, plus min_p and the penalties wherever they are not neutral."""
+    record: dict[str, Any] = {"temperature": float(request["temperature"]), "top_p": float(request["top_p"]),
+                              "top_k": max(0, int(request["top_k"])), "logprobs": logprobs_mode}
+    for key in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        if float(request[key]) != NEUTRAL_SAMPLING[key]:
+            record[key] = float(request[key])
+    return record
 
 
 @dataclass
@@ -154,6 +174,10 @@ class ChatCompletionsModel(ModelServer):
         if previous is not None:
             self._adapt_messages(previous[1])
         chat_request.update(self.config.extra_body)
+        if self.wants_tokens:
+            for key, neutral in NEUTRAL_SAMPLING.items():
+                if chat_request.get(key) is None:
+                    chat_request[key] = neutral
 
         turn, backend = await self._routed(
             lambda b: self._generate(b, payload, chat_request, previous), sticky=self.pool.sticky_backend(payload.get("input")))
@@ -169,6 +193,8 @@ class ChatCompletionsModel(ModelServer):
                 item["id"] = self.pool.tag_item_id(item["id"], backend)
         if turn.tokens is not None:
             output[-1].update(turn.tokens)
+            # What the backend applied, not what the client asked for (build_response's record keeps this one).
+            stamp_sampling(output, applied_sampling(chat_request, self.config.logprobs_mode))
         return build_response(payload, output, model=adapter.name if adapter else self.config.model, usage=turn.usage,
                               status=turn.status, incomplete_details=turn.incomplete_details, model_version=version,
                               logprobs_mode=self.config.logprobs_mode)
@@ -229,7 +255,7 @@ class ChatCompletionsModel(ModelServer):
         body: dict[str, Any] = {"model": chat_request.get("model", self.config.model), "prompt": prompt_ids,
                                 "max_tokens": max_tokens,
                                 "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
-        for key in ("temperature", "top_p", "seed", "stop"):
+        for key in (*NEUTRAL_SAMPLING, "seed", "stop"):
             if chat_request.get(key) is not None:
                 body[key] = chat_request[key]
         body.update(self.config.extra_body)
