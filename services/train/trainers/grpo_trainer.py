@@ -37,6 +37,8 @@ from .grpo_loss import STATS, policy_loss, sequence_scales
 from .base import TrainingFailed
 
 STATE_FILE = "trainer_state.pt"
+# Sampling settings a model server records where they were not neutral (models/chat_completions).
+NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 @dataclass
@@ -66,6 +68,11 @@ def sampling_temperature(member: dict[str, Any], where: str) -> float:
     if float(sampling.get("top_p", 1.0)) < 1.0 or int(sampling.get("top_k", 0) or 0) > 0:
         raise TrainingFailed(f"{where}: sampled with top_p {sampling.get('top_p')} / top_k {sampling.get('top_k')}: "
                              "the trainer cannot rebuild a truncated distribution; collect with top_p 1 and no top_k")
+    reshaped = {key: sampling[key] for key, neutral in NEUTRAL_SAMPLING.items()
+                if sampling.get(key) is not None and float(sampling[key]) != neutral}
+    if reshaped:
+        raise TrainingFailed(f"{where}: sampled with {', '.join(f'{k} {v}' for k, v in reshaped.items())}: the trainer "
+                             "cannot rebuild a distribution that min_p or a penalty reshaped; collect without them")
     if sampling.get("logprobs") != "processed" and not math.isclose(temperature, 1.0):
         kind = "raw (T=1)" if sampling.get("logprobs") == "raw" else "unrecorded"
         raise TrainingFailed(f"{where}: the server's logprobs are {kind} logprobs of tokens sampled at temperature "

@@ -163,6 +163,18 @@ def test_distributions_the_trainer_cannot_rebuild_are_refused() -> None:
         sequences_of(groups(1, temperature=0.7), temperature=1.0)
 
 
+def test_min_p_and_penalties_the_server_recorded_are_refused() -> None:
+    data = groups(1)
+    data[0]["rollouts"][1]["sampling"]["repetition_penalty"] = 1.1
+    with pytest.raises(TrainingFailed, match="rollout g0-r1: sampled with repetition_penalty 1.1"):
+        sequences_of(data)
+    data[0]["rollouts"][1]["sampling"].update(repetition_penalty=1.0, min_p=0.05)
+    with pytest.raises(TrainingFailed, match="rollout g0-r1: sampled with min_p 0.05"):
+        sequences_of(data)
+    data[0]["rollouts"][1]["sampling"]["min_p"] = 0.0
+    assert len(sequences_of(data)[0]) == 3
+
+
 def test_environment_and_forced_tokens_are_out_of_the_loss() -> None:
     data = groups(1)
     data[0]["rollouts"][0]["sequence"]["completion_forced"] = [1, 0, 0, 0, 1, 0]
