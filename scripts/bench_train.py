@@ -1,23 +1,48 @@
-"""The phase breakdown of `rollgym train` epochs: where an epoch's time goes, and the loop's overhead.
+"""The phase breakdown of `rollgym train` epochs, and the throughput of the `grpo` trainer's step.
 
     python scripts/bench_train.py                 # run one epoch of the demo plan (rs-sft) and report it
     python scripts/bench_train.py runs/demo-s0    # report every epoch of a finished or running run
+    python scripts/bench_train.py --device cuda   # the trainer's step: tokens/s, MFU, peak memory
+    python scripts/bench_train.py --device cpu    # the same on the CPU (a tiny random model beside the bundled one)
 
 Overhead = everything but generation (collect, validate) and the trainer's train() call: curation,
 the trainer process's start and model load, the merged GGUF export, apply, bookkeeping.
+
+The step benchmark (`--device`) times `PolicyTrainer.train_batch` (forward, loss, backward, AdamW) on
+synthetic rollouts, for LoRA and full weights, on the bundled SmolLM2-135M and on a randomly
+initialised Qwen2-shaped model (1.5B on a GPU: hidden 1536, 28 layers, vocabulary 151936; a tiny
+one on the CPU), with no download. It prints per configuration: the step's seconds, tokens/s (all
+tokens of the batch, prompt included), MFU (model FLOPs per second over the card's peak dense bf16
+FLOP/s; n/a on the CPU or an unknown card), peak memory (CUDA: allocated; CPU: the process's peak
+RSS so far), the estimate of weights + gradients + AdamW state, and once per model the mean |Δ|
+between the trainer's bf16-autocast and fp32 logprobs on the same tokens.
+
+Model FLOPs per token, full weights: 6·N (N: the decoder's matrix weights) + 6·L·d·T (causal
+attention over a rollout of T tokens) and 6·V·d per loss token (the output layer sees only those);
+with a LoRA the frozen weights get no weight gradient, so 4·N and 4·V·d (attention has no weights:
+still 6·L·d·T).
 """
 
 from __future__ import annotations
 
+import argparse
+import gc
+import math
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN = REPO / "scripts/train/weather.yaml"
+
+# Peak dense bf16 tensor FLOP/s, by a part of the name torch reports (first match wins).
+PEAK_BF16 = [("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12), ("GH200", 989.4e12), ("B200", 2250e12),
+             ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12), ("RTX 4090", 165e12)]
 
 
 def report(run: Path) -> None:
@@ -36,10 +61,7 @@ def report(run: Path) -> None:
               f"{phases.get('validate', 0):>8.1f} {total:>7.1f} {share:>9}")
 
 
-def main(argv: list[str]) -> int:
-    if argv:
-        report(Path(argv[0]))
-        return 0
+def phase_breakdown() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         import yaml
 
@@ -51,6 +73,222 @@ def main(argv: list[str]) -> int:
         subprocess.run([sys.executable, "-m", "rollgym.cli", "train", str(path), "--no-progress"], cwd=REPO,
                        check=True)
         report(Path(tmp) / "run")
+
+
+# ---------------------------------------------------------------------------- the trainer's step
+
+
+def qwen_config(device: str) -> Any:
+    from transformers import Qwen2Config
+
+    if device == "cuda":  # Qwen2.5-1.5B's shape
+        return Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                           num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                           tie_word_embeddings=True, rope_theta=1e6)
+    return Qwen2Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                       tie_word_embeddings=True)
+
+
+def random_model(device: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it trains: seconds on a GPU, not minutes on the host
+        return AutoModelForCausalLM.from_config(qwen_config(device), dtype=torch.float32)
+
+
+def bundled_model(_device: str) -> Any:
+    from rollgym.train.trainers.policy import load_base
+
+    return load_base("bundled")[0]
+
+
+def with_lora(model: Any) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    from rollgym.train.trainers.policy import LORA_TARGETS
+
+    return get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"))
+
+
+def synthetic_batch(vocab: int, rollouts: int, prompt: int, completion: int) -> list[Any]:
+    """Rollouts of random tokens whose sampling logprobs are a uniform model's (ρ near 1 at random init)."""
+    import torch
+
+    from rollgym.train.trainers.grpo_trainer import TrainSequence
+
+    generator = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(rollouts):
+        ids = torch.randint(0, vocab, (prompt + completion,), generator=generator).tolist()
+        out.append(TrainSequence(ids[:prompt], ids[prompt:], [1] * completion, [-math.log(vocab)] * completion,
+                                 advantage=1.0 if i % 2 else -1.0, temperature=1.0))
+    return out
+
+
+def model_flops(model: Any, batch: list[Any], full: bool) -> float:
+    """Model FLOPs of one training step on `batch` (see the module's docstring)."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal.config
+    head = causal.get_output_embeddings().weight
+    body = sum(p.numel() for name, p in causal.named_parameters()
+               if p.dim() == 2 and "lora_" not in name and p is not head and "embed" not in name and "wte" not in name)
+    factor = 6 if full else 4
+    flops = 0.0
+    for seq in batch:
+        length = seq.length
+        flops += factor * body * length
+        flops += 6 * config.num_hidden_layers * config.hidden_size * length * length  # causal: half of 12·L·d·T²
+        flops += factor * head.numel() * seq.loss_tokens
+    return flops
+
+
+def state_estimate(model: Any) -> float:
+    """Bytes of fp32 weights, their gradients and AdamW's two moments (activations excluded)."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    return 4.0 * sum(p.numel() for p in params) + 12.0 * trainable
+
+
+def peak_flops(device: str) -> float | None:
+    import torch
+
+    if device != "cuda":
+        return None
+    name = torch.cuda.get_device_name()
+    return next((peak for part, peak in PEAK_BF16 if part in name), None)
+
+
+def peak_memory(device: str) -> float:
+    import resource
+
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def bf16_gap(trainer: Any, batch: list[Any]) -> float:
+    """Mean |log π_bf16 − log π_fp32| per token: the trainer's logprobs under autocast and without, same weights."""
+    import torch
+
+    module = trainer.module
+    values = {}
+    for precision in ("fp32", "bf16"):
+        module.precision = precision
+        values[precision] = torch.cat(trainer._logprobs_no_grad(batch))
+    module.precision = trainer.args.precision
+    return float((values["bf16"] - values["fp32"]).abs().mean())
+
+
+def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from rollgym.train.trainers.grpo_config import GRPOConfig
+    from rollgym.train.trainers.grpo_loss import LossConfig
+    from rollgym.train.trainers.grpo_trainer import PolicyTrainer
+
+    device = options.device
+    gc.collect()  # the previous configuration's model and optimizer
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model = make(device)
+    if finetune == "lora":
+        model = with_lora(model)
+    args = GRPOConfig(finetune=finetune, learning_rate=1e-6, precision="bf16" if device == "cuda" else "fp32",
+                      micro_batch_tokens=options.micro_batch_tokens, seq_len=options.seq_len,
+                      gradient_checkpointing=options.gradient_checkpointing,
+                      loss=LossConfig(mask_low=None, mask_high=None))
+    trainer = PolicyTrainer(args, base_model=name)
+    trainer.use_model(model)
+    vocab = trainer.module.causal().config.vocab_size
+    batch = synthetic_batch(vocab, options.rollouts, options.prompt, options.completion)
+    gap = bf16_gap(trainer, batch[:2]) if finetune == "full" else None
+
+    def step() -> None:
+        trainer.train_batch(batch)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    step()  # warm-up: allocator, kernels, AdamW's state
+    started = time.perf_counter()
+    for _ in range(options.steps):
+        step()
+    seconds = (time.perf_counter() - started) / options.steps
+    tokens = sum(seq.length for seq in batch)
+    peak = peak_flops(device)
+    flops = model_flops(trainer.model, batch, full=finetune == "full")
+    row = {"model": name, "finetune": finetune, "params": sum(p.numel() for p in trainer.model.parameters()),
+           "tokens": tokens, "step_s": seconds, "tokens_s": tokens / seconds,
+           "mfu": flops / seconds / peak if peak else None, "peak_gib": peak_memory(device),
+           "state_gib": state_estimate(trainer.model) / 2**30, "bf16_gap": gap}
+    del trainer, model
+    return row
+
+
+def step_benchmark(options: argparse.Namespace) -> None:
+    import torch
+
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch finds no CUDA device")
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    import transformers
+
+    transformers.logging.disable_progress_bar()
+    makers = {"bundled": bundled_model, "qwen-1.5b" if options.device == "cuda" else "qwen-tiny": random_model}
+    card = torch.cuda.get_device_name() if options.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    rows = f"packed into rows of {options.seq_len}" if options.seq_len else "one per row"
+    print(f"# grpo trainer step on {card}: {options.rollouts} rollouts of {options.prompt}+{options.completion} "
+          f"tokens, {rows}, micro-batches of {options.micro_batch_tokens} tokens, {options.steps} timed steps "
+          f"({'bf16 autocast' if options.device == 'cuda' else 'fp32'}, fp32 master weights)")
+    print(f"{'model':<10} {'finetune':<8} {'params':>9} {'step s':>8} {'tokens/s':>10} {'MFU':>6} "
+          f"{'peak GiB':>9} {'state GiB':>9} {'bf16 |Δ|':>9}")
+    for name, make in makers.items():
+        if options.models and name not in options.models:
+            continue
+        for finetune in ("lora", "full"):
+            row = bench_step(name, make, finetune, options)
+            mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
+            gap = f"{row['bf16_gap']:.4f}" if row["bf16_gap"] is not None else "-"
+            print(f"{name:<10} {finetune:<8} {row['params'] / 1e6:>8.1f}M {row['step_s']:>8.3f} "
+                  f"{row['tokens_s']:>10.0f} {mfu:>6} {row['peak_gib']:>9.2f} {row['state_gib']:>9.2f} {gap:>9}",
+                  flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", nargs="?", help="a run folder to report (without --device)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], help="benchmark the trainer's step on this device")
+    parser.add_argument("--models", nargs="*", help="bundled, qwen-1.5b (cuda) / qwen-tiny (cpu); default: both")
+    parser.add_argument("--rollouts", type=int, help="rollouts per batch (default: 16 on cuda, 4 on cpu)")
+    parser.add_argument("--prompt", type=int, help="prompt tokens per rollout (default: 256 cuda, 16 cpu)")
+    parser.add_argument("--completion", type=int, help="completion tokens per rollout (default: 1792 cuda, 48 cpu)")
+    parser.add_argument("--seq-len", type=int, help="packed rows of this many tokens (default: 4096 cuda, 128 cpu; "
+                        "0: one rollout per row)")
+    parser.add_argument("--micro-batch-tokens", type=int, help="default: --seq-len, or 4096")
+    parser.add_argument("--steps", type=int, help="timed steps after one warm-up (default: 3 cuda, 2 cpu)")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--threads", type=int)
+    options = parser.parse_args(argv)
+    if options.device is None:
+        if options.run:
+            report(Path(options.run))
+        else:
+            phase_breakdown()
+        return 0
+    cuda = options.device == "cuda"
+    options.rollouts = options.rollouts or (16 if cuda else 4)
+    options.prompt = options.prompt or (256 if cuda else 16)
+    options.completion = options.completion or (1792 if cuda else 48)
+    options.seq_len = (4096 if cuda else 128) if options.seq_len is None else (options.seq_len or None)
+    options.micro_batch_tokens = options.micro_batch_tokens or options.seq_len or 4096
+    options.steps = options.steps or (3 if cuda else 2)
+    step_benchmark(options)
     return 0
 
 
