@@ -214,7 +214,8 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
         if device == "cuda":
             torch.cuda.synchronize()
 
-    step()  # warm-up: allocator, kernels, AdamW's state
+    for _ in range(options.warmup):  # the allocator, kernels, AdamW's state (on the CPU the first two are slow)
+        step()
     started = time.perf_counter()
     for _ in range(options.steps):
         step()
@@ -245,6 +246,7 @@ def step_benchmark(options: argparse.Namespace) -> None:
     rows = f"packed into rows of {options.seq_len}" if options.seq_len else "one per row"
     print(f"# grpo trainer step on {card}: {options.rollouts} rollouts of {options.prompt}+{options.completion} "
           f"tokens, {rows}, micro-batches of {options.micro_batch_tokens} tokens, {options.steps} timed steps "
+          f"after {options.warmup} "
           f"({'bf16 autocast' if options.device == 'cuda' else 'fp32'}, fp32 master weights)")
     print(f"{'model':<10} {'finetune':<8} {'params':>9} {'step s':>8} {'tokens/s':>10} {'MFU':>6} "
           f"{'peak GiB':>9} {'state GiB':>9} {'bf16 |Δ|':>9}")
@@ -271,7 +273,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq-len", type=int, help="packed rows of this many tokens (default: 4096 cuda, 128 cpu; "
                         "0: one rollout per row)")
     parser.add_argument("--micro-batch-tokens", type=int, help="default: --seq-len, or 4096")
-    parser.add_argument("--steps", type=int, help="timed steps after one warm-up (default: 3 cuda, 2 cpu)")
+    parser.add_argument("--steps", type=int, help="timed steps after the warm-up (default: 3 cuda, 2 cpu)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--threads", type=int)
     options = parser.parse_args(argv)
