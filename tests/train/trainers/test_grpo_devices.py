@@ -67,7 +67,7 @@ def test_the_loss_makes_no_tensor_on_the_default_device() -> None:
 
 def test_a_trainer_step_makes_no_tensor_on_the_default_device(tiny_model) -> None:
     for args in (GRPOConfig(lora=LORA, mini_batches=2, loss=LossConfig(kl_beta=0.1), micro_batch_tokens=24),
-                 GRPOConfig(finetune="full", epochs=2.0)):
+                 GRPOConfig(finetune="full", epochs=2.0), GRPOConfig(lora=LORA, seq_len=32, micro_batch_tokens=32)):
         trainer = PolicyTrainer(args, tiny_model)
         trainer.load(None)
         with DefaultDeviceFactories() as guard:
@@ -82,8 +82,9 @@ def test_the_loss_and_a_trainer_step_run_on_cuda(tiny_model) -> None:
     terms = policy_loss(config=LossConfig(kl_beta=0.1), **loss_inputs("cuda"))
     terms.loss.backward()
     assert terms.loss.device.type == "cuda"
-    for finetune in ("lora", "full"):
-        trainer = PolicyTrainer(GRPOConfig(lora=LORA, finetune=finetune, mini_batches=2), tiny_model)
+    for finetune, seq_len in (("lora", None), ("full", None), ("full", 32)):
+        trainer = PolicyTrainer(GRPOConfig(lora=LORA, finetune=finetune, mini_batches=2, seq_len=seq_len,
+                                           precision="bf16"), tiny_model)
         trainer.load(None)
         assert next(trainer.model.parameters()).device.type == "cuda"
         assert trainer.train_batch(batch())["tokens"] > 0
