@@ -35,7 +35,7 @@ from .chat_format import call_closed, native_messages, plain_messages
 
 __all__ = ["BatchQueue", "ContextLengthError", "Engine", "Generation", "GenerationRequest", "pick_device", "pick_dtype"]
 
-FLOOR_LOGPROB = -103.28  # log(1e-45): a forced token outside the sampled distribution's support
+FLOOR_LOGPROB = -103.616  # log(1e-45), as the embedded model clamps: a forced token outside the sampled support
 
 
 class ContextLengthError(ValueError):
@@ -209,11 +209,12 @@ class Engine:
             tokens, logprobs, forced = self._pick(logits, index, temperature, greedy, top_p, top_k, generators,
                                                   [pending[i] for i in live])
             keep: list[int] = []
+            chosen = tokens.tolist()  # one copy to the host per step
             for row, i in enumerate(live):
-                token = int(tokens[row])
+                token = chosen[row]
                 result = results[i]
                 result.token_ids.append(token)
-                result.logprobs.append(float(logprobs[row]))
+                result.logprobs.append(logprobs[row])
                 if result.forced is not None:
                     result.forced.append(forced[row])
                 if closing[i] and not forced[row] and call_closed(self.detokenize(result.token_ids)):
@@ -245,7 +246,7 @@ class Engine:
 
     def _pick(self, logits: torch.Tensor, index: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
               top_p: torch.Tensor, top_k: list[int], generators: list[torch.Generator],
-              pending: list[collections.deque[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+              pending: list[collections.deque[int]]) -> tuple[torch.Tensor, list[float], list[int]]:
         """The next token of each live row, its logprob, and whether it was forced."""
         raw = torch.log_softmax(logits, dim=-1)
         processed = processed_logprobs(logits, temperature[index], top_p[index], [top_k[i] for i in index.tolist()])
@@ -264,7 +265,7 @@ class Engine:
         chosen = tokens.unsqueeze(-1)
         logprobs = torch.where(row_greedy, raw.gather(-1, chosen).squeeze(-1),
                                processed.gather(-1, chosen).squeeze(-1)).clamp_min(FLOOR_LOGPROB)
-        return tokens, logprobs.cpu(), flags
+        return tokens, logprobs.tolist(), flags
 
     def _stopped(self, result: Generation, stops: list[str]) -> bool:
         text = self.detokenize([t for t in result.token_ids if t not in self.eog_ids])

