@@ -1,7 +1,11 @@
 """The guard: a validated model that fell too far below the best, or misses an acceptance threshold,
 does not stay served.
 
-    guard: {max_drop: 0.1, accept: {pass@4: 0.8}, on_violation: stop}
+    guard: {max_drop: 0.1, accept: {pass@4: 0.8, reward_components.used_tool: 1.0}, on_violation: stop}
+
+`accept` names any metric of the validation summary: `mean_reward`, `pass@K`, `reward_components.NAME`
+(that component's mean over the validation rollouts) and, with a suite, `environments.ENV.METRIC` (one
+environment's own figures).
 
 Both modes judge alike (`guard_problems`); they differ in what they can do about it. An epochs run
 serves the best model again and trains on from it (`on_violation: continue`) or stops; an async run
@@ -15,7 +19,21 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..trainers.base import Artefact
-from .plan import GuardConfig
+from .plan import GuardConfig, metric_path
+
+
+def metric_value(summary: dict[str, Any], name: str) -> float | None:
+    """A metric of a validation summary by its guard name (`plan.metric_path`): `mean_reward`, `pass@4`,
+    `reward_components.NAME` (the mean of that component), `environments.ENV.METRIC` (a suite's environment);
+    None when the summary does not have it."""
+    env, metric = metric_path(name)
+    if env is not None:
+        summary = (summary.get("environments") or {}).get(env) or {}
+    if metric.startswith("reward_components."):
+        summary = summary.get("reward_components") or {}
+        metric = metric.removeprefix("reward_components.")
+    value = summary.get(metric)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def guard_problems(summary: dict[str, Any], best: dict[str, Any] | None, max_drop: float | None,
@@ -27,7 +45,7 @@ def guard_problems(summary: dict[str, Any], best: dict[str, Any] | None, max_dro
     if max_drop is not None and best is not None and reward is not None and reward + 1e-12 < best["reward"] - max_drop:
         problems.append(f"validation reward {reward:.3f} fell more than {max_drop} below the best {best['reward']:.3f}")
     for metric, least in accept.items():
-        value = summary.get(metric)
+        value = metric_value(summary, metric)
         if value is None or value + 1e-12 < least:
             shown = "missing" if value is None else f"{value:.3f}"
             problems.append(f"validation {metric} {shown} is below the accepted {least}")
@@ -80,4 +98,4 @@ class Guard:
         return verdict
 
 
-__all__ = ["Guard", "guard_problems"]
+__all__ = ["Guard", "guard_problems", "metric_value"]

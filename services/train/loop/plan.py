@@ -172,15 +172,53 @@ class GuardConfig(StrictModel):
                                    description="validation reward may fall this far below the best (None: any)")
     accept: dict[str, float] = Field(
         default_factory=dict, description="validation metric -> the least value an epoch's model must reach to be "
-                                          "kept, e.g. {mean_reward: 0.5, pass@4: 0.8}")
+                                          "kept, e.g. {mean_reward: 0.5, pass@4: 0.8, reward_components.used_tool: 1, "
+                                          "environments.weather.mean_reward: 0.6}")
     on_violation: Literal["stop", "continue"] = "stop"
 
     @model_validator(mode="after")
     def _known_metrics(self) -> "GuardConfig":
-        unknown = [name for name in self.accept if name != "mean_reward" and not re.fullmatch(r"pass@\d+", name)]
-        if unknown:
-            raise ValueError(f"accept: unknown metric {unknown[0]!r}: use mean_reward or pass@K")
+        problems = [problem for name in self.accept if (problem := metric_problem(name))]
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
+
+
+_METRICS = "mean_reward, pass@K, reward_components.NAME, or environments.ENV.METRIC with a validation suite"
+
+
+def metric_path(name: str) -> tuple[str | None, str]:
+    """A guard metric's (environment, metric within it): "environments.weather.pass@4" -> ("weather", "pass@4");
+    "mean_reward" -> (None, "mean_reward")."""
+    if name.startswith("environments."):
+        env, _, rest = name.removeprefix("environments.").partition(".")
+        return env, rest
+    return None, name
+
+
+def metric_problem(name: str) -> str | None:
+    """Why `name` can never be a metric of a validation summary (None: it can be one)."""
+    env, metric = metric_path(name)
+    if env == "" or (env is not None and not metric):
+        return f"accept: metric {name!r}: write environments.ENV.METRIC (e.g. environments.weather.mean_reward)"
+    if (metric == "mean_reward" or re.fullmatch(r"pass@[1-9]\d*", metric)
+            or (metric.startswith("reward_components.") and metric != "reward_components.")):
+        return None
+    return f"accept: unknown metric {name!r}: use {_METRICS}"
+
+
+def pass_k_problem(name: str, metric: str, repeats: int) -> str | None:
+    """pass@K exists in a summary only for K = 1, 2, 4, ... up to the repeats, and the repeats themselves."""
+    match = re.fullmatch(r"pass@(\d+)", metric)
+    if match is None:
+        return None
+    from ...rollouts.metrics import k_values
+
+    ks = k_values(repeats)
+    if int(match.group(1)) in ks:
+        return None
+    return (f"{name!r} is never measured: validation with {repeats} repeats measures "
+            f"{', '.join(f'pass@{k}' for k in ks)}")
 
 
 class CheckpointConfig(StrictModel):
@@ -331,11 +369,12 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
 
         raise PlanError(key_problems(path, exc, origin)) from None
     try:
-        validation_environments(plan)  # the suite read and checked once here, where its errors get a key
+        environments = validation_environments(plan)  # the suite read and checked once here, where its errors get a key
         add_suite_environments(plan)
     except ValueError as exc:
         raise PlanError(f"{path}: key 'validation.suite': {exc}") from None
-    problems = [f"{path}: key '{key}': {message}" for key, message in file_problems(plan)]
+    problems = [f"{path}: key 'guard.accept': {message}" for message in accept_problems(plan, environments)]
+    problems += [f"{path}: key '{key}': {message}" for key, message in file_problems(plan)]
     if problems:
         raise PlanError("\n".join(problems))
     return plan
@@ -439,6 +478,31 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
     return problems
 
 
+def accept_problems(plan: Plan, environments: list[Any]) -> list[str]:
+    """The guard's metrics that the plan's validation can never report: a per-environment one without a suite,
+    an environment the suite does not have, a pass@K that the validation (each of the suite's environments,
+    or the one named) does not measure."""
+    if plan.guard is None or plan.validation is None:
+        return []
+    by_name = {env.name: env for env in environments}
+    problems = []
+    for name in plan.guard.accept:
+        env, metric = metric_path(name)
+        if env is not None and plan.validation.suite is None:
+            problems.append(f"{name!r}: per-environment metrics need validation.suite")
+        elif env is not None and env not in by_name:
+            problems.append(f"{name!r}: the suite has no environment {env!r} ({', '.join(by_name)})")
+        elif plan.validation.suite is None:
+            if problem := pass_k_problem(name, metric, plan.validation.repeats):
+                problems.append(problem)
+        else:  # a suite's own pass@K is the mean over its environments, so each of them must measure it
+            for each in ([by_name[env]] if env is not None else environments):
+                if problem := pass_k_problem(name, metric, each.repeats):
+                    problems.append(f"{problem} (environment {each.name!r})")
+                    break
+    return problems
+
+
 def validation_environments(plan: Plan) -> list[Any]:
     """The environments of the plan's validation suite (none without one), every path resolved."""
     if plan.validation is None or plan.validation.suite is None:
@@ -468,4 +532,5 @@ def add_suite_environments(plan: Plan) -> None:
 
 
 __all__ = ["CollectConfig", "GuardConfig", "OptimizeConfig", "Plan", "PlanError", "RL_TRAINERS", "RunStackConfig",
-           "StageConfig", "ValidationConfig", "file_problems", "load_plan", "renamed_keys", "trainer_args", "validation_environments"]
+           "StageConfig", "ValidationConfig", "accept_problems", "file_problems", "load_plan", "metric_path",
+           "renamed_keys", "trainer_args", "validation_environments"]

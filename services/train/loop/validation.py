@@ -3,7 +3,8 @@ environments (`validation.suite`), every N epochs (async: steps) and at epoch 0 
 
 Every validation rollout must come from the model being validated: one sampled by other weights fails
 the phase. A suite's summary is the mean over its environments (mean_reward, and each pass@k they all
-have) beside every environment's own.
+have) beside every environment's own. A summary also holds each reward component's mean
+(`reward_components`), when the environment reports components.
 """
 
 from __future__ import annotations
@@ -58,11 +59,25 @@ class Validation:
     def _collection(self, number: int, options: CollectOptions, agent: str | None = None) -> dict[str, Any]:
         summary = self.collections.run(options, f"epoch {number} validate", agent)
         version = self.collections.serving.version
-        stale = sum(1 for r in read_whole_lines(options.output) if version is not None and not on_policy(r, version))
+        rollouts = read_whole_lines(options.output)
+        stale = sum(1 for r in rollouts if version is not None and not on_policy(r, version))
         if stale:
             raise TrainError(f"epoch {number} validate: {stale} rollouts came from another "
                                   f"model version than {version}")
+        components = component_means(rollouts)
+        if components:
+            summary["reward_components"] = components
         return summary
 
 
-__all__ = ["Validation"]
+def component_means(rollouts: list[dict[str, Any]]) -> dict[str, float]:
+    """Each reward component's mean over the rollouts that report it (the guard's `reward_components.NAME`)."""
+    values: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for name, value in (rollout.get("reward_components") or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                values.setdefault(name, []).append(float(value))
+    return {name: sum(each) / len(each) for name, each in sorted(values.items())}
+
+
+__all__ = ["Validation", "component_means"]

@@ -97,7 +97,8 @@ def test_acceptance_thresholds_keep_or_roll_back_an_epoch(tmp_path: Path) -> Non
 
     plan["guard"]["accept"] = {"pass@k": 0.5}
     path.write_text(yaml.safe_dump(plan))
-    with pytest.raises(PlanError, match=r"key 'guard': accept: unknown metric 'pass@k': use mean_reward or pass@K"):
+    with pytest.raises(PlanError, match=r"key 'guard': accept: unknown metric 'pass@k': use mean_reward, pass@K, "
+                                        r"reward_components\.NAME"):
         load_plan(path)
 
 
