@@ -1,4 +1,5 @@
-"""`rollgym train PLAN.yaml [KEY=VALUE ...]`: run a training plan (rollgym.train)."""
+"""`rollgym train PLAN.yaml [KEY=VALUE ...]`: run a training plan (rollgym.train); `--check` validates it and
+says where a run in its output folder would continue, starting nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def register(commands: Any) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--rewind", type=int, metavar="N", help="continue the run in the plan's output from the end of "
                         "epoch (async: step) N; later ones are moved to OUTPUT/rewound/")
+    parser.add_argument("--check", action="store_true", help="validate the plan (keys, files, temperatures, trainer "
+                        "and apply) and whether its output folder can be resumed, listing every problem; exit 0 or "
+                        "2, starting nothing")
     parser.set_defaults(handler=cmd_train)
 
 
@@ -40,7 +44,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         plan = load_plan(args.plan, overrides)
     except PlanError as exc:
+        if args.check:
+            return _report_problems(args.plan, str(exc).splitlines())
         raise UsageError(str(exc)) from None
+    if args.check:
+        return check_output(args.plan, plan, args.rewind)
     if plan.mode == "async":
         from ..train.loop.async_driver import AsyncTrainLoop
 
@@ -69,3 +77,83 @@ def cmd_train(args: argparse.Namespace) -> int:
     if state.get("stopped"):
         print(f"stopped: {state['stopped']}")
     return 0
+
+
+def _report_problems(source: str, problems: list[str]) -> int:
+    print(f"{source}: {len(problems)} problem{'s' if len(problems) != 1 else ''}; nothing started", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
+    return 2
+
+
+def check_output(source: str, plan: Any, rewind: int | None = None) -> int:
+    """`--check` of a plan that loaded: whether its output folder would be claimed, and where a run there
+    continues; 0 and what would run, or 2 and every problem. Reads the folder, never writes it."""
+    from pathlib import Path
+
+    from ..train.loop.run_folder import PLAN_FILE, RunFolder
+
+    unit = "step" if plan.mode == "async" else "epoch"
+    folder = RunFolder(Path(plan.output), unit)
+    problems: list[str] = []
+    refusal = folder.refusal(plan.model_dump(mode="json"))
+    if refusal is not None:
+        problems.append(f"key 'output': {refusal.removeprefix('output: ')}")
+    elif plan.mode == "async" and folder.holds_other_files():
+        problems.append(f"key 'output': {folder.root} is not empty and holds no run (no {PLAN_FILE}); "
+                        "use another output folder")
+    history = folder.history() if refusal is None and folder.holds_run() else []
+    finished = sorted({int(line["epoch"]) for line in history if "epoch" in line})
+    if rewind is not None and rewind not in finished:
+        shown = f"{finished[0]}..{finished[-1]}" if finished else "none"
+        problems.append(f"--rewind {rewind}: {unit} {rewind} is not a finished {unit} of the run in {plan.output} "
+                        f"(finished: {shown})")
+    if problems:
+        return _report_problems(source, problems)
+    print(f"{source}: ok ({_shape(plan)})")
+    print(f"output {plan.output}: {_resume_point(plan, folder, finished, rewind)}")
+    return 0
+
+
+def _shape(plan: Any) -> str:
+    if plan.mode == "async":
+        assert plan.optimize is not None and plan.orchestrator is not None
+        return (f"mode async, trainer {plan.optimize.trainer}, "
+                f"{plan.orchestrator.max_steps or 'unbounded'} steps")
+    stages = ", ".join(f"{stage.name}: {stage.epochs} x {stage.optimize.trainer}, apply {stage.apply}"
+                       for stage in plan.stages)
+    return f"mode epochs, {len(plan.epochs())} epochs; {stages}"
+
+
+def _resume_point(plan: Any, folder: Any, finished: list[int], rewind: int | None) -> str:
+    """Where `rollgym train` would start in the folder (claim accepted it)."""
+    from ..train.loop.run_folder import read_json
+
+    if not folder.holds_run():
+        return "a new run"
+    state = read_json(folder.unit_dir(rewind) / "state.json", {}) if rewind is not None else folder.read_state()
+    done = set(finished if rewind is None else [n for n in finished if n <= rewind])
+    head = f"holds a run of this plan, {_count(len(done - {0}), plan.mode)} finished"
+    if rewind is not None:
+        head += f" after the rewind to {folder.unit} {rewind}"
+    elif state.get("stopped"):
+        return f"{head}; it stopped ({state['stopped']}): nothing to run (--rewind N continues it from {folder.unit} N)"
+    applied = (state.get("applied") or {}).get("version")
+    again = f"; applies {applied} again" if applied else ""
+    if plan.validation is not None and 0 not in done:
+        return f"{head}{again}; continues with {folder.unit} 0 (the base model's validation)"
+    if plan.mode == "async":
+        steps = len(done - {0})
+        return f"{head}{again}; continues with step {steps + 1} of {plan.orchestrator.max_steps or 'unbounded'}"
+    remaining = [(epoch, stage) for epoch, stage in plan.epochs() if epoch not in done]
+    if not remaining:
+        return f"{head}: every epoch of the plan is finished, nothing to run"
+    epoch, stage = remaining[0]
+    phases = [] if rewind is not None else list(read_json(folder.unit_dir(epoch) / "phases.json", {}))
+    within = f", its {', '.join(phases)} phase{'s' if len(phases) > 1 else ''} already done" if phases else ""
+    return f"{head}{again}; continues with epoch {epoch} (stage {stage.name}){within}"
+
+
+def _count(n: int, mode: str) -> str:
+    unit = "step" if mode == "async" else "epoch"
+    return f"{n} {unit}{'s' if n != 1 else ''}"

@@ -108,21 +108,32 @@ class RunFolder:
     def claim(self, plan: dict[str, Any]) -> None:
         """Make the folder this plan's: new, or a run of the same plan to continue (a history line torn by
         a kill is dropped). RunFolderError when it is a file or holds a run of another plan."""
-        if self.root.exists() and not self.root.is_dir():
-            raise RunFolderError(f"output: {self.root} is a file; a run's output is a folder")
+        problem = self.refusal(plan)
+        if problem is not None:
+            raise RunFolderError(problem)
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "serving").mkdir(exist_ok=True)
+        write_json_atomic(self.root / PLAN_FILE, plan)
+        self.drop_torn_history()
+
+    def refusal(self, plan: dict[str, Any]) -> str | None:
+        """Why `claim(plan)` would refuse the folder (None: it would take it); reads, never writes."""
+        if self.root.exists() and not self.root.is_dir():
+            return f"output: {self.root} is a file; a run's output is a folder"
         saved = read_json(self.root / PLAN_FILE, None)
         if saved is not None:
             renamed_keys(saved)  # a run started before a key was renamed is the same plan
         if saved is not None and _what_is_trained(saved) != _what_is_trained(plan):
             changed = sorted(k for k in set(saved) | set(plan)
                              if _what_is_trained({k: saved.get(k)}) != _what_is_trained({k: plan.get(k)}))
-            raise RunFolderError(f"{self.root} holds a run of another plan (keys differ: {', '.join(changed)}); "
-                                 "use another output folder (a resumed run may change only "
-                                 f"{', '.join(RESUMABLE_CHANGES)})")
-        write_json_atomic(self.root / PLAN_FILE, plan)
-        self.drop_torn_history()
+            return (f"{self.root} holds a run of another plan (keys differ: {', '.join(changed)}); "
+                    "use another output folder (a resumed run may change only "
+                    f"{', '.join(RESUMABLE_CHANGES)})")
+        return None
+
+    def holds_run(self) -> bool:
+        """A run was started in the folder (its plan.json is there)."""
+        return (self.root / PLAN_FILE).is_file()
 
     # ------------------------------------------------------------------ state and history
 

@@ -1,0 +1,143 @@
+"""`rollgym train PLAN --check`: every problem of a plan listed with exit 2, or exit 0 and where a run in the
+output folder would continue; nothing is started and the output folder is never written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollgym.cli import main
+from rollgym.testing import REPO_ROOT
+from rollgym.train.loop.plan import load_plan
+from rollgym.train.loop.run_folder import RunFolder
+
+DEMO = REPO_ROOT / "scripts/train/weather.yaml"
+
+
+def demo(tmp_path: Path) -> dict:
+    data = yaml.safe_load(DEMO.read_text())
+    data["output"] = str(tmp_path / "run")
+    for key in ("configs",):
+        data["stack"][key] = [str(REPO_ROOT / item) for item in data["stack"][key]]
+    data["validation"]["input"] = str(REPO_ROOT / data["validation"]["input"])
+    for stage in data["stages"]:
+        stage["collect"]["input"] = str(REPO_ROOT / stage["collect"]["input"])
+    return data
+
+
+def write(tmp_path: Path, data: dict, name: str = "plan.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def check(capsys: pytest.CaptureFixture[str], plan: Path, *extra: str) -> tuple[int, str, str]:
+    code = main(["train", str(plan), *extra, "--check"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def started_run(tmp_path: Path, data: dict) -> RunFolder:
+    """The output folder as `rollgym train` leaves it after claiming it for `data`'s plan."""
+    plan = load_plan(write(tmp_path, data, "started.yaml"))
+    folder = RunFolder(Path(plan.output), "epoch")
+    folder.claim(plan.model_dump(mode="json"))
+    return folder
+
+
+def test_a_valid_plan_exits_0_and_starts_nothing(tmp_path: Path) -> None:
+    """Through the installed entry point, in a child process: the demo plan (whose stack would start the
+    embedded model) is checked in seconds, and its output folder is not created."""
+    data = demo(tmp_path)
+    plan = write(tmp_path, data)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run([sys.executable, "-m", "rollgym.cli", "train", str(plan), "--check"], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"{plan}: ok (mode epochs, 2 epochs; rs-sft: 1 x trl_sft, apply merged" in result.stdout
+    assert f"output {data['output']}: a new run" in result.stdout
+    assert not (tmp_path / "run").exists()
+    assert "stack ready" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_every_file_problem_is_listed_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = demo(tmp_path)
+    data["stages"][1]["collect"]["input"] = str(tmp_path / "no-train.jsonl")
+    data["validation"]["input"] = str(tmp_path / "no-validation.jsonl")
+    data["base_model"] = str(tmp_path / "missing.gguf")
+    code, out, err = check(capsys, write(tmp_path, data))
+    assert code == 2 and out == ""
+    assert "3 problems; nothing started" in err
+    for key in ("stages[1].collect.input", "validation.input", "base_model"):
+        assert f"key '{key}'" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda p: p["stages"][1]["optimize"]["args"].update(temperature=0.7),
+     "stages[1].optimize.args.temperature 0.7 disagrees with stages[1].collect.params.temperature 1.0"),
+    (lambda p: p["stages"][1].update(apply="lora"), "stages mix apply modes ['lora', 'merged']"),
+    (lambda p: p["stages"][1]["optimize"]["args"].update(clip_hihg=0.3), "args.clip_hihg"),
+    (lambda p: p["guard"].update(accept={"pass@4": 0.5}),
+     "key 'guard.accept': 'pass@4' is never measured: validation with 3 repeats measures pass@1, pass@2, pass@3"),
+])
+def test_plan_mistakes_exit_2_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str], change,
+                                            message: str) -> None:
+    data = demo(tmp_path)
+    change(data)
+    code, out, err = check(capsys, write(tmp_path, data))
+    assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_an_output_holding_another_plans_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = demo(tmp_path)
+    started_run(tmp_path, {**data, "seed": 1})
+    before = sorted(path.name for path in (tmp_path / "run").iterdir())
+    code, out, err = check(capsys, write(tmp_path, data))
+    assert code == 2
+    assert "key 'output':" in err and "holds a run of another plan (keys differ: seed)" in err
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == before
+    # An override that makes it the same plan again is accepted, as the run would be.
+    code, out, err = check(capsys, write(tmp_path, data), "seed=1")
+    assert code == 0 and "holds a run of this plan, 0 epochs finished" in out, err
+
+
+def test_a_resumable_change_is_accepted_and_the_resume_point_reported(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    data = demo(tmp_path)
+    folder = started_run(tmp_path, data)
+    applied = {"kind": "lora", "uri": "x", "base_model": "bundled", "version": "policy-e001"}
+    state = {"applied": applied, "best": None, "last": applied, "stopped": None}
+    folder.save_state(state)
+    folder.append_history({"epoch": 0, "validation": {"mean_reward": 0.2}}, state)
+    folder.append_history({"epoch": 1, "stage": "rs-sft"}, state)
+    (folder.unit_dir(2)).mkdir()
+    (folder.unit_dir(2) / "phases.json").write_text('{"collect": {"s": 1.0}, "curate": {"s": 0.1}}')
+    changed = {**data, "stack": {**data["stack"], "concurrency": 4}, "guard": {"max_drop": 0.5}}
+    code, out, err = check(capsys, write(tmp_path, changed))
+    assert code == 0, err
+    assert ("holds a run of this plan, 1 epoch finished; applies policy-e001 again; continues with epoch 2 "
+            "(stage grpo), its collect, curate phases already done") in out
+    code, out, err = check(capsys, write(tmp_path, changed), "--rewind", "0")
+    assert code == 0 and "after the rewind to epoch 0" in out and "continues with epoch 1 (stage rs-sft)" in out, err
+    code, out, err = check(capsys, write(tmp_path, changed), "--rewind", "5")
+    assert code == 2 and "--rewind 5: epoch 5 is not a finished epoch" in err and "(finished: 0..1)" in err
+
+    folder.append_history({"epoch": 2, "stage": "grpo"}, state)
+    code, out, err = check(capsys, write(tmp_path, changed))
+    assert code == 0 and "2 epochs finished" in out and "every epoch of the plan is finished" in out
+    folder.save_state({**state, "stopped": "validation reward fell"})
+    code, out, err = check(capsys, write(tmp_path, changed))
+    assert code == 0 and "it stopped (validation reward fell): nothing to run" in out
+
+
+def test_an_output_that_is_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = demo(tmp_path)
+    (tmp_path / "run").write_text("x")
+    code, out, err = check(capsys, write(tmp_path, data))
+    assert code == 2 and f"key 'output': {tmp_path / 'run'} is a file; a run's output is a folder" in err
