@@ -222,7 +222,12 @@ class GrpoMember:
 
 
 def grpo_member(row: dict[str, Any], order: int = 0) -> GrpoMember:
-    return GrpoMember(str(row.get("rollout_id", "")), float(row["reward"]), row.get("sequences"), row.get("prefix_ok"), order)
+    """A rollout's reward and token sequences; a rollout with several sequences (segments: its prefix broke)
+    keeps every one, each tagged with its `segment` index."""
+    sequences = row.get("sequences")
+    if isinstance(sequences, list) and len(sequences) > 1:
+        sequences = [{**s, "segment": i} if isinstance(s, dict) else s for i, s in enumerate(sequences)]
+    return GrpoMember(str(row.get("rollout_id", "")), float(row["reward"]), sequences, row.get("prefix_ok"), order)
 
 
 def reward_spread(rewards: Iterable[float]) -> float:
@@ -271,6 +276,8 @@ class ExportStats:
     groups_dropped: int = 0  # grpo: spread below --min-reward-diff (or none at all)
     missing_sequences: int = 0  # grpo: rollouts exported with sequences null
     mixed_prompt_groups: int = 0  # grpo: groups whose rollouts do not share one prompt
+    segments: int = 0  # grpo: token sequences written (every segment of every exported rollout)
+    multi_segment_rollouts: int = 0  # grpo: exported rollouts with more than one segment
     problems: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -287,6 +294,9 @@ class ExportStats:
             out.append(f"groups: {self.groups}, {self.groups_dropped} dropped (reward spread below --min-reward-diff or zero)")
             if self.missing_sequences:
                 out.append(f"warning: {self.missing_sequences} rollouts have no token sequences (exported as null)")
+            if self.multi_segment_rollouts:
+                out.append(f"segments: {self.segments} written, {self.multi_segment_rollouts} rollouts with more "
+                           "than one (each tagged with its `segment` index); 0 dropped")
             if self.mixed_prompt_groups:
                 out.append(f"warning: {self.mixed_prompt_groups} groups mix different prompts (the first is exported)")
         return out
@@ -356,6 +366,8 @@ def records(
                 stats.groups_dropped += 1
                 continue
             stats.missing_sequences += sum(m.sequences is None for m in members)
+            stats.segments += sum(len(m.sequences) for m in members if isinstance(m.sequences, list))
+            stats.multi_segment_rollouts += sum(isinstance(m.sequences, list) and len(m.sequences) > 1 for m in members)
             stats.written += 1
             yield grpo_record(group, prompts[group], members)
 

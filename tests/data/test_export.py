@@ -408,3 +408,24 @@ def test_hf_refuses_an_empty_dataset(tmp_path: Path, capsys) -> None:
     # `load_from_disk` cannot read back a saved dataset without rows: nothing is written.
     assert result.returncode == 2 and "no sft records to save as a Hugging Face dataset (read 0 rollouts" in result.stderr
     assert not (tmp_path / "hf").exists()
+
+
+def test_grpo_keeps_every_segment_with_its_index(tmp_path: Path) -> None:
+    from rollgym.sequences import merge_sequences
+
+    rows = [hand_rollout("g", f"g-r{i}", r, "x") for i, r in enumerate([1.0, 0.0])]
+    # The second turn's prompt drops the first turn's reasoning (tokens 20-21): a second segment.
+    calls = [{"prompt_token_ids": [1, 2], "generation_token_ids": [20, 21, 30], "generation_log_probs": [-0.1, -0.2, -0.3]},
+             {"prompt_token_ids": [1, 2, 30, 4], "generation_token_ids": [31], "generation_log_probs": [-0.4]}]
+    rows[0]["sequences"], rows[0]["prefix_ok"] = merge_sequences(calls)
+    rows[1]["sequences"], rows[1]["prefix_ok"] = merge_sequences(calls[:1])
+    source = tmp_path / "rollouts.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stats = export_file(source, tmp_path / "grpo.jsonl", "grpo")
+    (group,) = read_jsonl(tmp_path / "grpo.jsonl")
+    first, second = group["rollouts"]
+    assert [(s["segment"], s["completion_ids"]) for s in first["sequences"]] == [(0, [20, 21, 30]), (1, [31])]
+    assert first["prefix_ok"] is False
+    assert second["sequences"] == rows[1]["sequences"]  # one sequence: as before, no index
+    assert (stats.segments, stats.multi_segment_rollouts) == (3, 1)
+    assert "segments: 3 written, 1 rollouts with more than one" in "\n".join(stats.lines())

@@ -5,12 +5,17 @@ stale (model_version is not the one being trained) → failed (no reward) → no
 tool errors (`tool_success_only`) → the curriculum (`rollgym.curriculum`, evaluated at the loop's
 epoch, on whole groups) → `min_reward` → `min_reward_spread` per group → `top_k_per_group` →
 `dedupe_prompts`.
-Then one transform: `to_sft` (one record per rollout), `to_preferences` (chosen/rejected pairs of a
+Then one transform: `to_sft` (one record per segment), `to_preferences` (chosen/rejected pairs of a
 group, `export.dpo_pairs`), `to_groups` (GRPO groups with advantages, `export.grpo_record`).
 
-Every built-in trainer trains on the exact tokens, so a rollout without one clean token sequence
-(`sequences` missing, no sampling logprobs, or `prefix_ok: false`) is dropped and counted; a stage
-left with none at all fails with that reason (`CurationError`), never trains on nothing or on text.
+A rollout's `sequences` are its segments: each a prefix-consistent run of its model calls (a new one
+begins where a prompt did not extend the tokens before it: a chat template that strips earlier
+reasoning, an agent that rewrote its history, a sub-agent's conversation). `curate.segments` says
+what trains: `all` (default: every segment, each a sample with the rollout's one advantage), `last`
+(the last segment only) or `drop` (a rollout with more than one is dropped as `prefix_broken`).
+Every built-in trainer trains on the exact tokens, so a rollout without token sequences or with a
+segment that lacks sampling logprobs is dropped and counted; a stage left with none at all fails with
+that reason (`CurationError`), never trains on nothing or on text.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ...data.export import (
 )
 
 DataKind = Literal["sft", "preferences", "groups"]
+SegmentMode = Literal["all", "last", "drop"]
 TOOL_ERROR_PREFIX = "Error:"  # how the agent phrases a tool call it could not make (agents/simple_agent)
 
 
@@ -51,6 +57,9 @@ class CurateConfig(BaseModel):
     min_pair_diff: float = Field(default=0.1, ge=0.0, description="preferences: least reward gap of a pair")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig,
                                        description="groups: the advantages the trainer uses as they are")
+    segments: SegmentMode = Field(
+        default="all", description="a rollout with several token sequences (segments): train all, the last, "
+                                   "or drop the rollout (prefix_broken)")
 
 
 @dataclass
@@ -63,10 +72,16 @@ class Curated:
     rollouts_kept: int
     dropped: Counter = field(default_factory=Counter)
     replayed: int = 0  # of rollouts_in, how many came from replayed files
+    segments: int = 0  # the token sequences the kept rollouts train on (segments: last leaves out the others)
+    segments_left_out: int = 0  # segments of kept rollouts not trained on (segments: last)
 
     def summary(self) -> dict[str, Any]:
         return {"kind": self.kind, "records": len(self.records), "rollouts_in": self.rollouts_in,
                 "rollouts_kept": self.rollouts_kept, "dropped": {k: v for k, v in sorted(self.dropped.items()) if v},
+                "segments": self.segments,
+                "segments_per_rollout": round(self.segments / self.rollouts_kept, 3) if self.rollouts_kept else 0.0,
+                "segments_left_out": self.segments_left_out,
+                "dropped_prefix_broken": self.dropped.get("prefix_broken", 0),
                 **({"replayed": self.replayed} if self.replayed else {})}
 
 
@@ -93,6 +108,31 @@ def usable_sequence(rollout: dict[str, Any]) -> tuple[dict[str, Any] | None, str
     if not logprobs or len(logprobs) != len(sequence["completion_ids"]) or any(x is None for x in logprobs):
         return None, "no_logprobs"
     return sequence, None
+
+
+def usable_sequences(rollout: dict[str, Any], segments: SegmentMode = "all") -> tuple[list[dict[str, Any]], str | None]:
+    """(the segments to train on, in order, None) or ([], the reason there are none). `drop`: only a
+    rollout with one prefix-consistent sequence (`usable_sequence`); `last`: its last segment; `all`:
+    every segment, each needing token ids and a sampling logprob per token."""
+    if segments == "drop":
+        sequence, problem = usable_sequence(rollout)
+        return ([sequence] if sequence is not None else []), problem
+    sequences = rollout.get("sequences")
+    if not sequences:
+        return [], "no_token_ids"
+    chosen = list(sequences[-1:] if segments == "last" else sequences)
+    for sequence in chosen:
+        if not sequence.get("completion_ids"):
+            return [], "no_token_ids"
+        logprobs = sequence.get("completion_logprobs")
+        if not logprobs or len(logprobs) != len(sequence["completion_ids"]) or any(x is None for x in logprobs):
+            return [], "no_logprobs"
+    return chosen, None
+
+
+def with_segment(sequence: dict[str, Any], index: int) -> dict[str, Any]:
+    """The sequence tagged with its `segment` index (its place in the rollout's `sequences`)."""
+    return {**sequence, "segment": index}
 
 
 def tool_failed(rollout: dict[str, Any]) -> bool:
@@ -134,7 +174,7 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
         if rollout.get("reward") is None:
             dropped["failed"] += 1
             continue
-        sequence, problem = usable_sequence(rollout)
+        chosen, problem = usable_sequences(rollout, config.segments)
         if problem:
             dropped[problem] += 1
             tokens_missing += 1
@@ -142,7 +182,10 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
         if config.tool_success_only and tool_failed(rollout):
             dropped["tool_error"] += 1
             continue
-        kept.append({**rollout, "_sequence": sequence})
+        first = len(rollout["sequences"]) - len(chosen)  # the segment index of chosen[0]
+        segments = ([with_segment(s, first + i) for i, s in enumerate(chosen)] if len(rollout["sequences"]) > 1
+                    else chosen)
+        kept.append({**rollout, "_sequence": segments[0], "_segments": segments})
     if rollouts and not kept and tokens_missing:
         raise CurationError(
             f"{stage}: none of the {len(rollouts)} rollouts carries token ids and sampling logprobs "
@@ -187,13 +230,15 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
     else:
         builder = {"sft": _to_sft, "preferences": _to_preferences}[kind]
         records, used = builder(groups, dropped, group_size, config)
-    return Curated(kind, records, len(rollouts), used, dropped)
+    return Curated(kind, records, len(rollouts), len(used), dropped,
+                   segments=sum(len(r["_segments"]) for r in used),
+                   segments_left_out=sum(len(r["sequences"]) - len(r["_segments"]) for r in used))
 
 
 def _to_sft(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_size: int | None,
-            config: CurateConfig) -> tuple[list[dict[str, Any]], int]:
-    records = [to_sft(r) for g in sorted(groups, key=natural_key) for r in groups[g]]
-    return records, len(records)
+            config: CurateConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    used = [r for g in sorted(groups, key=natural_key) for r in groups[g]]
+    return [record for r in used for record in to_sft_segments(r)], used
 
 
 def to_sft(rollout: dict[str, Any]) -> dict[str, Any]:
@@ -202,24 +247,36 @@ def to_sft(rollout: dict[str, Any]) -> dict[str, Any]:
     if sequence is None:
         raise RolloutError(f"rollout {rollout.get('rollout_id')} has no usable token sequence")
     prompt, completion = rollout_messages(rollout)
-    return {"rollout_id": rollout.get("rollout_id"), "group_id": rollout.get("group_id"),
-            "reward": rollout.get("reward"), "messages": prompt + completion,
-            "prompt_ids": sequence["prompt_ids"], "completion_ids": sequence["completion_ids"],
-            "completion_mask": sequence["completion_mask"]}
+    record = {"rollout_id": rollout.get("rollout_id"), "group_id": rollout.get("group_id"),
+              "reward": rollout.get("reward"), "messages": prompt + completion,
+              "prompt_ids": sequence["prompt_ids"], "completion_ids": sequence["completion_ids"],
+              "completion_mask": sequence["completion_mask"]}
+    if "segment" in sequence:
+        record["segment"] = sequence["segment"]
+    return record
+
+
+def to_sft_segments(rollout: dict[str, Any]) -> list[dict[str, Any]]:
+    """One SFT record per segment the rollout trains on (`to_sft`), each with its `segment` index when the
+    rollout has more than one; all carry the rollout's messages."""
+    return [to_sft({**rollout, "_sequence": segment}) for segment in rollout.get("_segments") or [None]]
 
 
 def _to_preferences(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_size: int | None,
-                    config: CurateConfig) -> tuple[list[dict[str, Any]], int]:
+                    config: CurateConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     records: list[dict[str, Any]] = []
     for g in sorted(groups, key=natural_key):
         records.extend(to_preferences(g, groups[g], config.min_pair_diff))
-    used = 2 * len(records)
-    dropped["unpaired"] += sum(len(m) for m in groups.values()) - used
-    return records, used
+    paired = {r[key] for r in records for key in ("chosen_rollout_id", "rejected_rollout_id")}
+    used = [r for g in sorted(groups, key=natural_key) for r in groups[g] if str(r.get("rollout_id")) in paired]
+    dropped["unpaired"] += sum(len(m) for m in groups.values()) - len(used)
+    return records, [{**r, "_segments": r["_segments"][:1]} for r in used]
 
 
 def to_preferences(group_id: str, members: list[dict[str, Any]], min_diff: float = 0.1) -> list[dict[str, Any]]:
-    """Chosen/rejected pairs of one group (`export.dpo_pairs`) with their exact token ids."""
+    """Chosen/rejected pairs of one group (`export.dpo_pairs`) with their exact token ids. A rollout with
+    several segments is compared by its first: the one continuation of the group's shared prompt (a later
+    segment's prompt holds that rollout's own history, so two of them are no one comparison)."""
     by_id = {str(r.get("rollout_id")): r for r in members}
     pairs = []
     for pair in dpo_pairs(group_id, [dpo_candidate(r, i) for i, r in enumerate(members)], min_diff):
@@ -234,8 +291,9 @@ def to_preferences(group_id: str, members: list[dict[str, Any]], min_diff: float
 
 
 def _to_groups(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_size: int | None,
-               config: CurateConfig, keep_advantages: bool = False) -> tuple[list[dict[str, Any]], int]:
-    records = []
+               config: CurateConfig, keep_advantages: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    records: list[dict[str, Any]] = []
+    used: list[dict[str, Any]] = []
     for g in sorted(groups, key=natural_key):
         members = groups[g]
         if group_size is not None and len(members) != group_size:
@@ -245,14 +303,17 @@ def _to_groups(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_
             dropped["zero_reward_spread"] += len(members)
             continue
         records.append(to_groups(g, members, config.advantage, keep_advantages))
-    return records, sum(len(r["rollouts"]) for r in records)
+        used.extend(members)
+    return records, used
 
 
 def to_groups(group_id: str, members: list[dict[str, Any]], advantage: AdvantageConfig | None = None,
               keep_advantages: bool = False) -> dict[str, Any]:
     """One GRPO group (`export.grpo_record`: rewards), each rollout with its `sequence`, the `sampling`
     it was generated under and its `advantage`: the one it carries (`keep_advantages`), else the
-    group's under `advantage` (default: GRPO's normalised). The trainer uses it as it is."""
+    group's under `advantage` (default: GRPO's normalised). The trainer uses it as it is. A rollout that
+    trains on several segments also has `sequences`: each of them with its `segment` index (`sequence`
+    is then the last of them, for a reader of one sequence); the trainer trains every one."""
     record = grpo_record(group_id, prompt_messages(members[0]), [grpo_member(r, i) for i, r in enumerate(members)])
     by_id = {str(r.get("rollout_id", "")): r for r in members}
     ordered = [by_id[m["rollout_id"]] for m in record["rollouts"]]
@@ -262,7 +323,11 @@ def to_groups(group_id: str, members: list[dict[str, Any]], advantage: Advantage
         values = group_advantages([float(r["reward"]) for r in ordered], [completion_length(r) for r in ordered],
                                   advantage or AdvantageConfig())
     for rollout, source, value in zip(record["rollouts"], ordered, values):
-        rollout["sequence"] = rollout.pop("sequences")[0]
+        sequences = rollout.pop("sequences")
+        segments = source.get("_segments") or sequences[:1]
+        rollout["sequence"] = segments[-1]
+        if len(segments) > 1:
+            rollout["sequences"] = segments
         rollout["advantage"] = value
         rollout["sampling"] = sampling_of(source)
     return record
@@ -281,4 +346,4 @@ def sampling_of(rollout: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["CurateConfig", "Curated", "CurationError", "curate", "on_policy", "sampling_of", "to_groups",
-           "to_preferences", "to_sft", "tool_failed", "usable_sequence"]
+           "to_preferences", "to_sft", "to_sft_segments", "tool_failed", "usable_sequence", "usable_sequences"]

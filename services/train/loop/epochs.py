@@ -293,7 +293,8 @@ class TrainLoop:
         replayed = curate(rows, kind, stage.curate, epoch=epoch - 1, stage=f"{where} replay")
         return Curated(kind, live.records + replayed.records, live.rollouts_in + replayed.rollouts_in,
                        live.rollouts_kept + replayed.rollouts_kept, live.dropped + replayed.dropped,
-                       replayed=replayed.rollouts_in)
+                       replayed=replayed.rollouts_in, segments=live.segments + replayed.segments,
+                       segments_left_out=live.segments_left_out + replayed.segments_left_out)
 
     # ------------------------------------------------------------------ optimize
 

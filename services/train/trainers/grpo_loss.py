@@ -22,7 +22,9 @@ contribute when its ratio is far above 1 (DAPO/verl's clip_ratio_c, 3 by default
 and the batch loss is Σ_i Σ_t m_it·L_it·s_i with the aggregation's scale s_i:
 `token_mean` 1/Σ_i n_i (every token of the batch weighs the same), `sequence_mean` 1/(N·n_i) (every
 rollout weighs the same, GRPO's paper), `constant` 1/(N·C) (Dr. GRPO: a fixed normaliser, no length
-bias), where n_i = Σ_t m_it, N the rollouts of the batch, C `max_tokens`.
+bias), where n_i = Σ_t m_it, N the rollouts of the batch, C `max_tokens`. A rollout trained as several
+segments (its token sequences, `sequence_scales`' `rollouts_of`) has one n_i over all of them; the ρ̄
+mask is per sequence (`rollout_index` numbers sequences), so a segment that strayed is masked alone.
 
 The scales are computed once over the whole batch (every micro-batch, every process), so gradient
 accumulation and data parallelism sum to exactly the gradient of one pass over the batch.
@@ -31,7 +33,7 @@ accumulation and data parallelism sum to exactly the gradient of one pass over t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Hashable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -66,16 +68,23 @@ class LossConfig(BaseModel):
         return self
 
 
-def sequence_scales(token_counts: Sequence[int], config: LossConfig) -> list[float]:
-    """s_i for every rollout of the whole batch, given n_i (its loss tokens)."""
-    rollouts = len(token_counts)
+def sequence_scales(token_counts: Sequence[int], config: LossConfig,
+                    rollouts_of: Sequence[Hashable] | None = None) -> list[float]:
+    """s_i for every sequence of the whole batch, given its loss tokens. `rollouts_of`: per sequence, the
+    rollout it belongs to (a rollout trained as several segments); a rollout's n_i and s_i are over all of
+    its segments, and N counts rollouts. Without it every sequence is a rollout."""
+    keys = list(rollouts_of) if rollouts_of is not None else list(range(len(token_counts)))
+    per_rollout: dict[Hashable, int] = {}
+    for key, n in zip(keys, token_counts):
+        per_rollout[key] = per_rollout.get(key, 0) + n
+    rollouts = len(per_rollout)
     if config.aggregation == "token_mean":
         total = sum(token_counts)
-        return [1.0 / total if total else 0.0] * rollouts
+        return [1.0 / total if total else 0.0] * len(keys)
     if config.aggregation == "sequence_mean":
-        return [1.0 / (rollouts * n) if n else 0.0 for n in token_counts]
+        return [1.0 / (rollouts * per_rollout[k]) if per_rollout[k] else 0.0 for k in keys]
     assert config.max_tokens is not None
-    return [1.0 / (rollouts * config.max_tokens)] * rollouts
+    return [1.0 / (rollouts * config.max_tokens)] * len(keys)
 
 
 # What `LossTerms.stats` holds, in order: sums to be added up over micro-batches, except ρ's min and max.

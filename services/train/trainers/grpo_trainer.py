@@ -43,7 +43,8 @@ NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty":
 
 @dataclass
 class TrainSequence:
-    """One rollout as the loss sees it."""
+    """One token sequence as the loss sees it: a rollout, or one segment of a rollout with several
+    (`rollout` numbers the rollout it belongs to, so the aggregation weighs rollouts, not segments)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -51,6 +52,7 @@ class TrainSequence:
     sampling_logprobs: list[float]
     advantage: float
     temperature: float
+    rollout: int | None = None  # None: a rollout of its own
 
     @property
     def loss_tokens(self) -> int:
@@ -82,22 +84,41 @@ def sampling_temperature(member: dict[str, Any], where: str) -> float:
 
 
 def sequences_of(groups: list[dict[str, Any]], temperature: float | None = None) -> list[list[TrainSequence]]:
-    """The groups' rollouts as TrainSequences, group by group."""
+    """The groups' rollouts as TrainSequences, group by group: one per segment of each rollout (its
+    `sequences` when it has several, else its `sequence`), each with the rollout's advantage and number."""
     out = []
+    number = 0
     for group in groups:
         members = []
         for member in group["rollouts"]:
             where = f"rollout {member.get('rollout_id')}"
-            sequence = member["sequence"]
             sampled_at = sampling_temperature(member, where)
             if temperature is not None and not math.isclose(sampled_at, temperature):
                 raise TrainingFailed(f"{where}: sampled at temperature {sampled_at}, but optimize.args.temperature is "
                                      f"{temperature}; the ratio must compare one distribution")
-            members.append(TrainSequence(list(sequence["prompt_ids"]), list(sequence["completion_ids"]),
-                                         model_token_mask(sequence), [float(x) for x in sequence["completion_logprobs"]],
-                                         float(member["advantage"]), sampled_at))
+            for sequence in member.get("sequences") or [member["sequence"]]:
+                members.append(TrainSequence(list(sequence["prompt_ids"]), list(sequence["completion_ids"]),
+                                             model_token_mask(sequence),
+                                             [float(x) for x in sequence["completion_logprobs"]],
+                                             float(member["advantage"]), sampled_at, number))
+            number += 1
         out.append(members)
     return out
+
+
+def rollout_keys(batch: list[TrainSequence]) -> list[Any]:
+    """Per sequence, the rollout it belongs to (a sequence without a number is a rollout of its own)."""
+    return [seq.rollout if seq.rollout is not None else ("own", i) for i, seq in enumerate(batch)]
+
+
+def mini_batch_parts(batch: list[TrainSequence], count: int) -> list[list[int]]:
+    """`count` parts of the batch's indices, rollout by rollout in turn: a rollout's segments stay in one
+    part, so its n_i counts them all."""
+    order: dict[Any, int] = {}
+    parts: list[list[int]] = [[] for _ in range(count)]
+    for i, key in enumerate(rollout_keys(batch)):
+        parts[order.setdefault(key, len(order)) % count].append(i)
+    return parts
 
 
 class DistInfo:
@@ -453,7 +474,7 @@ class PolicyTrainer:
             old = self._logprobs_no_grad(batch) if count > 1 else None
         ref = self._reference_logprobs(batch) if self.args.loss.kl_beta > 0 else None
         results = []
-        for part in (list(range(start, len(batch), count)) for start in range(count)):
+        for part in mini_batch_parts(batch, count):
             if not any(batch[i].loss_tokens for i in part):
                 continue
             results.append(self._optimizer_step([batch[i] for i in part],
@@ -579,7 +600,7 @@ class PolicyTrainer:
 
         args = self.args
         dist = self.dist
-        scales = sequence_scales([s.loss_tokens for s in batch], args.loss)
+        scales = sequence_scales([s.loss_tokens for s in batch], args.loss, rollout_keys(batch))
         mine = [i for i in range(len(batch)) if i % dist.world == dist.rank and batch[i].loss_tokens]
         micro = self._micro_batches(mine, batch)
         # Every process runs as many forward/backward passes as the busiest one (FSDP gathers weights
@@ -672,4 +693,4 @@ def checkpoint_of(path: str | None) -> str | None:
 
 
 __all__ = ["PolicyTrainer", "STATE_FILE", "TrainSequence", "checkpoint_of", "sampling_temperature",
-           "sequences_of"]
+           "mini_batch_parts", "rollout_keys", "sequences_of"]

@@ -125,3 +125,81 @@ def test_groups_carry_the_advantages_the_trainer_uses_and_what_was_sampled() -> 
     assert [m["advantage"] for m in kept["rollouts"]] == [0.3, -0.1, -0.1, -0.1]
     [default] = curate(rows, "groups", CurateConfig(), group_size=4).records
     assert [m["advantage"] for m in default["rollouts"]] == pytest.approx([1, -1, -1, 1], abs=1e-5)
+
+
+# --- rollouts with several segments ---------------------------------------------------------------------
+
+
+def segmented(group: str, index: int, reward: float, turns: int) -> dict[str, Any]:
+    """A rollout of `turns` user turns whose template drops each turn's reasoning at the next one: merged by
+    the real `merge_sequences` into one segment per turn."""
+    from rollgym.sequences import merge_sequences
+
+    items, history = [], [1, 2, 3]
+    for turn in range(turns):
+        if turn:
+            history = history + [4, 5]
+        reasoning, answer = [20, 10 + turn, 21], [30 + turn, 39]
+        items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}],
+                      "prompt_token_ids": list(history), "generation_token_ids": reasoning + answer,
+                      "generation_log_probs": [-0.1 * (k + 1) for k in range(5)]})
+        history = history + answer
+    sequences, prefix_ok = merge_sequences(items)
+    row = rollout(group, index, reward)
+    row["response"]["output"] = items
+    row.update(sequences=sequences, prefix_ok=prefix_ok)
+    return row
+
+
+@pytest.mark.parametrize("mode, records, segments, left_out, broken", [
+    ("all", 6, 6, 0, 0), ("last", 3, 3, 3, 0), ("drop", 1, 1, 0, 2)])
+def test_segments_all_last_drop(mode, records, segments, left_out, broken) -> None:
+    rows = [segmented("g", 0, 1.0, 3), segmented("g", 1, 0.0, 2), segmented("g", 2, 0.5, 1)]
+    assert [len(r["sequences"]) for r in rows] == [3, 2, 1]
+    curated = curate(rows, "sft", CurateConfig(segments=mode))
+    summary = curated.summary()
+    assert summary["records"] == records and summary["segments"] == segments
+    assert summary["segments_left_out"] == left_out and summary["dropped_prefix_broken"] == broken
+    assert summary["rollouts_kept"] == 3 - broken
+    assert summary["segments_per_rollout"] == pytest.approx(segments / (3 - broken), abs=1e-3)
+    by_rollout: dict[str, list[dict[str, Any]]] = {}
+    for record in curated.records:
+        by_rollout.setdefault(record["rollout_id"], []).append(record)
+    source = {r["rollout_id"]: r for r in rows}
+    for rollout_id, mine in by_rollout.items():
+        sequences = source[rollout_id]["sequences"]
+        if len(sequences) == 1:
+            assert "segment" not in mine[0] and mine[0]["completion_ids"] == sequences[0]["completion_ids"]
+            continue
+        expected = list(range(len(sequences))) if mode == "all" else [len(sequences) - 1]
+        assert [r["segment"] for r in mine] == expected
+        assert [r["completion_ids"] for r in mine] == [sequences[i]["completion_ids"] for i in expected]
+
+
+def test_groups_keep_every_segment_and_preferences_pair_the_first() -> None:
+    rows = [segmented("g", 0, 1.0, 3), segmented("g", 1, 0.0, 2)]
+    [record] = curate(rows, "groups", CurateConfig(), group_size=2).records
+    first, second = record["rollouts"]
+    assert [s["completion_ids"] for s in first["sequences"]] == [s["completion_ids"] for s in rows[0]["sequences"]]
+    assert [s["segment"] for s in second["sequences"]] == [0, 1] and second["sequence"]["segment"] == 1
+    with pytest.raises(CurationError, match="prefix_broken: 2"):  # today's behaviour: nothing left
+        curate(rows, "groups", CurateConfig(segments="drop"), group_size=2)
+    curated = curate(rows, "preferences", CurateConfig())
+    [pair] = curated.records
+    assert pair["prompt_ids"] == rows[0]["sequences"][0]["prompt_ids"]
+    assert pair["chosen_ids"] == rows[0]["sequences"][0]["completion_ids"]
+    assert pair["rejected_ids"] == rows[1]["sequences"][0]["completion_ids"]
+    assert curated.summary()["segments"] == 2 and curated.summary()["segments_left_out"] == 3
+
+
+def test_a_segment_without_logprobs_drops_its_rollout() -> None:
+    row = segmented("g", 0, 1.0, 2)
+    row["sequences"][1]["completion_logprobs"][0] = None
+    other = segmented("g", 1, 0.0, 1)
+    assert curate([row, other], "sft", CurateConfig()).dropped == {"no_logprobs": 1}
+    assert curate([row, other], "sft", CurateConfig(segments="last")).dropped == {"no_logprobs": 1}
+    # Only the last segment trains under `last`: the first one's logprobs are not needed.
+    row["sequences"][0]["completion_logprobs"][0] = None
+    row["sequences"][1]["completion_logprobs"][0] = -0.1
+    assert len(curate([row], "sft", CurateConfig(segments="last")).records) == 1
+    assert curate([row, other], "sft", CurateConfig()).dropped == {"no_logprobs": 1}
