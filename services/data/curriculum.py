@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .export import TOLERANCE, DataError, group_key, natural_key, rollout_problem
 from .jsonl import iter_jsonl
@@ -37,9 +37,33 @@ T = TypeVar("T")
 class CurriculumConfig(BaseModel):
     """The curriculum's parameters (NeMo Agent Toolkit's `curriculum_learning` section, where
     `sort_ascending: false` is `sort="easy_to_hard"`), with its defaults: a group needs a reward
-    spread of 0.1 to teach anything, and the admitted share grows every 5 epochs."""
+    spread of 0.1 to teach anything, and the admitted share grows every 5 epochs.
+
+    A NAT section pastes in as it is: `sort_ascending` is read as `sort` (true: hard_to_easy), and
+    `enabled: false` as a curriculum that keeps every group (all of them at every epoch, no spread
+    needed, no subsample); `enabled: true` is what the section's presence means already."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nat_names(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not {"sort_ascending", "enabled"} & set(data):
+            return data
+        data = dict(data)
+        if "sort_ascending" in data:
+            ascending = data.pop("sort_ascending")
+            if "sort" in data:
+                raise ValueError("give sort or sort_ascending (NAT's name for it), not both")
+            if not isinstance(ascending, bool):
+                raise ValueError(f"sort_ascending: true (hard to easy) or false (easy to hard), not {ascending!r}")
+            data["sort"] = "hard_to_easy" if ascending else "easy_to_hard"
+        enabled = data.pop("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled: true or false, not {enabled!r}")
+        if not enabled:
+            data.update(initial_percentile=1.0, increment_percentile=0.0, min_reward_diff=0.0, random_subsample=None)
+        return data
 
     sort: Literal["easy_to_hard", "hard_to_easy"] = "easy_to_hard"
     min_reward_diff: float = Field(default=0.1, ge=0.0, description="least max-min reward of a kept group")

@@ -145,6 +145,25 @@ def test_config_is_validated() -> None:
         select_groups(GROUPS, CurriculumConfig(), -1)
 
 
+def test_nat_curriculum_learning_names_are_read() -> None:
+    """A NeMo Agent Toolkit `curriculum_learning` section pastes in: sort_ascending is sort, enabled: false keeps
+    every group (no spread filter, all at every epoch), enabled: true changes nothing."""
+    nat = {"enabled": True, "initial_percentile": 0.3, "increment_percentile": 0.2, "expansion_interval": 5,
+           "min_reward_diff": 0.1, "sort_ascending": False, "random_subsample": None}
+    assert CurriculumConfig(**nat) == CurriculumConfig(sort="easy_to_hard", initial_percentile=0.3)
+    ascending = CurriculumConfig(**{**nat, "sort_ascending": True})
+    assert ascending.sort == "hard_to_easy"
+    assert select_groups(GROUPS, ascending, 0) == select_groups(GROUPS, CurriculumConfig(sort="hard_to_easy"), 0)
+    off = CurriculumConfig(**{**nat, "enabled": False, "random_subsample": 0.5})
+    for epoch in (0, 7):
+        assert sorted(select_groups(GROUPS, off, epoch)) == sorted(GROUPS)  # g5, without spread, too
+    for bad, message in [({"sort_ascending": "yes"}, "sort_ascending: true .* or false"),
+                         ({"sort_ascending": True, "sort": "easy_to_hard"}, "give sort or sort_ascending"),
+                         ({"enabled": "no"}, "enabled: true or false")]:
+        with pytest.raises(ValidationError, match=message):
+            CurriculumConfig(**bad)
+
+
 def test_filter_by_difficulty() -> None:
     groups = {"solved": [1.0, 1.0], "unsolved": [0.0, 0.0], "mixed": [1.0, 0.0], "partial": [0.5, 0.5], "empty": []}
     assert filter_by_difficulty(groups) == {"mixed": [1.0, 0.0], "partial": [0.5, 0.5]}

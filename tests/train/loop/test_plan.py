@@ -226,3 +226,13 @@ def test_a_validation_suite_adds_its_environments_to_the_stack_the_loop_starts(t
     data["validation"] = {"suite": "smoke", "input": "x.jsonl"}
     with pytest.raises(PlanError, match="validation takes input .* or suite .*, not both"):
         load_plan(write(tmp_path, data))
+
+
+def test_a_nat_curriculum_learning_section_loads_under_curate(tmp_path: Path) -> None:
+    data = demo()
+    data["stages"][1]["curate"] = {"curriculum": {"enabled": True, "initial_percentile": 0.5, "sort_ascending": True}}
+    curriculum = load_plan(write(tmp_path, data)).stages[1].curate.curriculum
+    assert curriculum is not None and curriculum.sort == "hard_to_easy" and curriculum.initial_percentile == 0.5
+    data["stages"][1]["curate"]["curriculum"]["sort_ascending"] = "yes"
+    with pytest.raises(PlanError, match=r"key 'stages\[1\]\.curate\.curriculum': sort_ascending: true \(hard to easy\)"):
+        load_plan(write(tmp_path, data))
