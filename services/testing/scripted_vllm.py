@@ -2,7 +2,7 @@
 
 Run: ``python -m rollgym.testing.scripted_vllm --host 127.0.0.1 --port 0 --port-file PATH
 [--latency-ms 0] [--fail-rate 0.0] [--hang-rate 0.0] [--seed 0] [--token-info]
-[--shape vllm|sglang] [--drift] [--max-model-len 0] [--weight-version V]``.
+[--shape vllm|sglang] [--drift] [--template chatml|qwen3] [--max-model-len 0] [--weight-version V]``.
 With ``--port 0`` a free port is bound and written to ``--port-file`` once listening.
 In-process use: ``build_app(...)`` returns the aiohttp application.
 
@@ -81,6 +81,10 @@ rendered from messages (chat prompts, ``/tokenize``), the byte pairs in ``MERGES
 become single tokens (ids ``MERGE_BASE + k``), while generation stays byte-level, so a chat prompt
 no longer extends the previous turn's tokens. Raw text (``/tokenize`` with ``prompt``, generated
 text) is never merged.
+``--template qwen3`` renders like Qwen3's chat template (and DeepSeek-R1's): an assistant message's
+``<think>`` block is kept only after the last user message, so each new user turn drops the earlier
+reasoning and the prompt no longer extends the tokens the model sampled before it (a rollout then has
+one token sequence per user turn); within a turn (tool calls and results) the reasoning stays.
 Logprobs are deterministic negative floats computed from (seed, position, token id).
 ``--max-model-len N``: a prompt whose tokens plus ``max_tokens`` exceed N gets HTTP 400 with the
 backend's context-length message.
@@ -127,6 +131,8 @@ MERGES = ("th", "he", "in", "er", "an", "ea", "ou", "ar", "on", "es")
 MERGE_BASE = 259  # ids 3..258 are the 256 bytes
 _MERGE_IDS = {pair.encode(): MERGE_BASE + k for k, pair in enumerate(MERGES)}
 _MERGE_BYTES = {MERGE_BASE + k: pair.encode() for k, pair in enumerate(MERGES)}
+
+TEMPLATES = ("chatml", "qwen3")
 
 # App keys (aiohttp warns on plain string keys).
 _CONFIG = web.AppKey("scripted_config", dict)
@@ -185,15 +191,19 @@ def render_segments(
     *,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    template: str = "chatml",
 ) -> list[tuple[str, bool]]:
-    """Chat messages + tools -> [(text, is_assistant_body)] of the chatml-like prompt."""
+    """Chat messages + tools -> [(text, is_assistant_body)] of the chatml-like prompt (`template`
+    qwen3: reasoning only on the assistant messages after the last user message)."""
     parts: list[tuple[str, bool]] = []
     if tools:
         parts.append((f"<|im_start|>tools\n{orjson.dumps(tools).decode()}<|im_end|>\n", False))
+    last_user = max((i for i, m in enumerate(messages) if m.get("role", "user") == "user"), default=-1)
     for index, msg in enumerate(messages):
         role = msg.get("role", "user")
         if role == "assistant":
-            body = _assistant_body(_text_of(msg.get("content")), msg.get("tool_calls"), _message_reasoning(msg))
+            reasoning = _message_reasoning(msg) if template != "qwen3" or index > last_user else None
+            body = _assistant_body(_text_of(msg.get("content")), msg.get("tool_calls"), reasoning)
             parts.append(("<|im_start|>assistant\n", False))
             parts.append((body, True))
             if continue_final_message and index == len(messages) - 1:
@@ -255,11 +265,13 @@ def prompt_token_ids(
     drift: bool = False,
     add_generation_prompt: bool = True,
     continue_final_message: bool = False,
+    template: str = "chatml",
 ) -> list[int]:
     """The toy prompt ids of a conversation; with ``drift`` assistant bodies are re-encoded with merges."""
     ids: list[int] = []
     for text, is_body in render_segments(
-        messages, tools, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message
+        messages, tools, add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+        template=template,
     ):
         ids.extend(encode(text, merge=drift and is_body))
     return ids
@@ -447,6 +459,7 @@ def with_adapter(content: str | None, seed: int, adapter: str | None) -> tuple[s
 def build_completion(
     req: dict[str, Any], *, token_info: bool, seed: int, shape: str = "vllm", drift: bool = False,
     weight_version: str | None = None, prompt_ids: list[int] | None = None, adapter: str | None = None,
+    template: str = "chatml",
 ) -> dict[str, Any]:
     """Chat request dict -> vLLM-shaped (or SGLang-shaped) ChatCompletion dict.
 
@@ -454,7 +467,7 @@ def build_completion(
     the conversation from those tokens, as a model would.
     """
     if prompt_ids is None:
-        prompt_ids = prompt_token_ids(req.get("messages") or [], req.get("tools"), drift=drift)
+        prompt_ids = prompt_token_ids(req.get("messages") or [], req.get("tools"), drift=drift, template=template)
         script_req = req
     else:
         messages, tools = parse_prompt(decode(prompt_ids))
@@ -694,13 +707,14 @@ async def _chat_completions(request: web.Request) -> web.Response:
     if failure is not None:
         return failure
     prompt_len = len(input_ids) if input_ids is not None else len(
-        prompt_token_ids(req["messages"], req.get("tools"), drift=cfg["drift"]))
+        prompt_token_ids(req["messages"], req.get("tools"), drift=cfg["drift"], template=cfg["template"]))
     too_long = _context_error(cfg, prompt_len, req.get("max_tokens", req.get("max_completion_tokens")))
     if too_long is not None:
         return too_long
     return _json_response(build_completion(
         req, token_info=cfg["token_info"], seed=cfg["seed"], shape=cfg["shape"], drift=cfg["drift"],
         weight_version=cfg["weight_version"], prompt_ids=input_ids, adapter=_adapter_of(request.app, req.get("model")),
+        template=cfg["template"],
     ))
 
 
@@ -745,7 +759,7 @@ async def _tokenize(request: web.Request) -> web.Response:
             add_generation_prompt = not continue_final  # SGLang renders like a chat request
         else:
             add_generation_prompt = bool(req.get("add_generation_prompt", True))
-        ids = prompt_token_ids(req["messages"], req.get("tools"), drift=cfg["drift"],
+        ids = prompt_token_ids(req["messages"], req.get("tools"), drift=cfg["drift"], template=cfg["template"],
                                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final)
     else:
         if not isinstance(req["prompt"], str):
@@ -791,10 +805,13 @@ def build_app(
     max_model_len: int = 0,
     weight_version: str | None = None,
     token_routes: bool = True,
+    template: str = "chatml",
 ) -> web.Application:
     """Backend settings -> aiohttp Application serving the scripted routes."""
     if shape not in ("vllm", "sglang"):
         raise ValueError(f"shape must be 'vllm' or 'sglang', not {shape!r}")
+    if template not in TEMPLATES:
+        raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, not {template!r}")
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[_CONFIG] = {
         "latency_s": latency_ms / 1000.0,
@@ -804,6 +821,7 @@ def build_app(
         "token_info": token_info,
         "shape": shape,
         "drift": drift,
+        "template": template,
         "max_model_len": max_model_len,
         "weight_version": weight_version,
     }
@@ -847,7 +865,8 @@ async def _serve(args: argparse.Namespace) -> None:
     """Start the server, announce the port, run until SIGINT/SIGTERM."""
     app = build_app(args.latency_ms, args.fail_rate, args.hang_rate, args.seed, args.token_info,
                     shape=args.shape, drift=args.drift, max_model_len=args.max_model_len,
-                    weight_version=args.weight_version, token_routes=not args.no_token_routes)
+                    weight_version=args.weight_version, token_routes=not args.no_token_routes,
+                    template=args.template)
     # access_log=None: no per-request logging on a benchmark path; handler_cancellation
     # frees hung handlers once the client gives up.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -883,6 +902,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", choices=("vllm", "sglang"), default="vllm", help="whose response shapes to mimic")
     parser.add_argument("--drift", action="store_true",
                         help="re-encode assistant text with merged byte pairs when rendering chat prompts")
+    parser.add_argument("--template", choices=TEMPLATES, default="chatml",
+                        help="qwen3: drop an assistant message's <think> once a later user message follows")
     parser.add_argument("--max-model-len", type=int, default=0, help="context length; 0 = unlimited")
     parser.add_argument("--weight-version", default=None, help="reported in SGLang-shaped meta_info")
     parser.add_argument("--no-token-routes", action="store_true",

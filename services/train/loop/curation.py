@@ -324,7 +324,8 @@ def to_groups(group_id: str, members: list[dict[str, Any]], advantage: Advantage
                                   advantage or AdvantageConfig())
     for rollout, source, value in zip(record["rollouts"], ordered, values):
         sequences = rollout.pop("sequences")
-        segments = source.get("_segments") or sequences[:1]
+        segments = source.get("_segments") or (
+            [with_segment(x, i) for i, x in enumerate(sequences)] if len(sequences) > 1 else sequences)
         rollout["sequence"] = segments[-1]
         if len(segments) > 1:
             rollout["sequences"] = segments
