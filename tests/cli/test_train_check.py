@@ -78,6 +78,36 @@ def test_every_file_problem_is_listed_with_exit_2(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "run").exists()
 
 
+def test_key_errors_and_missing_files_are_listed_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A key error does not hide the files of the sections that are valid, nor a second problem of the plan as a
+    whole the first: one run of --check lists them all, each line with the file and its key."""
+    data = demo(tmp_path)
+    data["stages"][0]["curate"]["min_rewad"] = 1.0  # a misspelt key
+    data["stages"][1]["optimize"]["args"].update(clip_hihg=0.3, learning_rate="fast")  # two bad arguments
+    data["stages"][1]["collect"]["input"] = str(tmp_path / "no-train.jsonl")
+    data["validation"]["input"] = str(tmp_path / "no-validation.jsonl")
+    path = write(tmp_path, data)
+    code, out, err = check(capsys, path)
+    lines = err.splitlines()[1:]
+    assert code == 2 and err.splitlines()[0] == f"{path}: {len(lines)} problems; nothing started"
+    expected = [f"{path}: key 'stages[0].curate.min_rewad': unknown option",
+                f"{path}: key 'stages[1].optimize': args.clip_hihg: Extra inputs are not permitted",
+                f"{path}: key 'stages[1].optimize': args.learning_rate: Input should be a valid number",
+                f"{path}: key 'stages[1].collect.input': no such tasks file",
+                f"{path}: key 'validation.input': no such tasks file"]
+    assert len(lines) == len(expected), err
+    for want in expected:
+        assert sum(line.strip().startswith(want) for line in lines) == 1, (want, err)
+
+    data = demo(tmp_path)  # the plan as a whole: both of its problems
+    data["stages"][1]["optimize"]["args"]["temperature"] = 0.7
+    data["stages"][0]["apply"] = "lora"
+    code, out, err = check(capsys, write(tmp_path, data))
+    assert code == 2 and "2 problems" in err
+    assert "stages mix apply modes ['lora', 'merged']" in err and "args.temperature 0.7 disagrees" in err
+    assert all(line.strip().startswith(f"{path}: key '(top level)': ") for line in err.splitlines()[1:])
+
+
 @pytest.mark.parametrize(("change", "message"), [
     (lambda p: p["stages"][1]["optimize"]["args"].update(temperature=0.7),
      "stages[1].optimize.args.temperature 0.7 disagrees with stages[1].collect.params.temperature 1.0"),

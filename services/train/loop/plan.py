@@ -119,9 +119,8 @@ class OptimizeConfig(StrictModel):
             try:  # a misspelt argument fails here, not in the trainer after the first collection
                 GRPOConfig.model_validate(self.args)
             except ValidationError as exc:
-                first = exc.errors()[0]
-                where = ".".join(str(part) for part in first["loc"])
-                raise ValueError(f"args.{where}: {first['msg']}") from None
+                raise ValueError("\n".join(f"args.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+                                           for error in exc.errors())) from None
         if self.trainer not in BUILTIN:
             try:  # a typo fails here, not after the first collection
                 import_target(self.trainer)
@@ -248,29 +247,31 @@ class Plan(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
+        problems = []
         if self.mode == "epochs" and (not self.stages or self.orchestrator or self.optimize):
-            raise ValueError("mode: epochs runs stages (at least one), without orchestrator or optimize")
+            problems.append("mode: epochs runs stages (at least one), without orchestrator or optimize")
         if self.mode == "async" and (self.stages or not self.orchestrator or not self.optimize):
-            raise ValueError("mode: async needs orchestrator and optimize, and takes no stages")
+            problems.append("mode: async needs orchestrator and optimize, and takes no stages")
         if self.mode == "async" and self.guard is not None and self.guard.on_violation != "stop":
-            raise ValueError("guard.on_violation: an async run's guard can only stop it (generation runs ahead on "
-                             "the newest weights: there is no rolling back and going on)")
+            problems.append("guard.on_violation: an async run's guard can only stop it (generation runs ahead on "
+                            "the newest weights: there is no rolling back and going on)")
         names = [stage.name for stage in self.stages]
         if len(set(names)) != len(names):
-            raise ValueError(f"stage names must be distinct: {names}")
+            problems.append(f"stage names must be distinct: {names}")
         if self.guard is not None and self.validation is None:
-            raise ValueError("a guard needs a validation section (it compares validation rewards)")
+            problems.append("a guard needs a validation section (it compares validation rewards)")
         modes = {stage.apply for stage in self.stages} - {"none"}
         if len(modes) > 1:
-            raise ValueError(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
+            problems.append(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
         if "merged" in modes and self.stack.registry_file:
-            raise ValueError("apply: merged restarts the stack's servers on the merged GGUF, so it needs "
-                             "stack.configs; with stack.registry_file use apply: lora or none")
+            problems.append("apply: merged restarts the stack's servers on the merged GGUF, so it needs "
+                            "stack.configs; with stack.registry_file use apply: lora or none")
         if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
-            raise ValueError("apply: merged serves GGUF files with the embedded model; base_model must be "
-                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
-        for problem in self._sampling_problems() + self._full_weight_problems():
-            raise ValueError(problem)
+            problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
+                            "'bundled' or a *.gguf file (use apply: lora with another model server)")
+        problems += self._sampling_problems() + self._full_weight_problems()
+        if problems:  # every one, one per line (load_plan gives each line the file and key)
+            raise ValueError("\n".join(problems))
         return self
 
     def _full_weight_problems(self) -> list[str]:
@@ -367,7 +368,9 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
             return next((f" (set by the override of {name!r})" for name in overrides or {}
                          if key == name or key.startswith((f"{name}.", f"{name}[")) or name.startswith(f"{key}.")), "")
 
-        raise PlanError(key_problems(path, exc, origin)) from None
+        lines = _one_per_line(key_problems(path, exc, origin), str(path))
+        lines += [f"{path}: key '{key}': {message}" for key, message in section_file_problems(data)]
+        raise PlanError("\n".join(lines)) from None
     try:
         environments = validation_environments(plan)  # the suite read and checked once here, where its errors get a key
         add_suite_environments(plan)
@@ -378,6 +381,46 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
     if problems:
         raise PlanError("\n".join(problems))
     return plan
+
+
+def _one_per_line(text: str, source: str) -> list[str]:
+    """key_problems' lines, a message of several problems split so that each line names the file and key."""
+    lines: list[str] = []
+    prefix = f"{source}: "
+    for line in text.splitlines():
+        if not line.startswith(f"{source}: ") and lines:
+            line = prefix + line
+        else:
+            match = re.match(rf"^{re.escape(source)}: key '[^']*': ", line)
+            prefix = match.group(0) if match else f"{source}: "
+        lines.append(line)
+    return lines
+
+
+def section_file_problems(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`file_problems` of a plan that did not validate as a whole, over the sections that validate on their own,
+    so that a missing file is reported beside the key errors rather than after they are fixed."""
+    from types import SimpleNamespace
+
+    def valid(model: Any, value: Any) -> Any:
+        try:
+            return None if value is None else model.model_validate(value)
+        except (ValidationError, ValueError, TypeError):
+            return None
+
+    stages = []
+    for raw in data["stages"] if isinstance(data.get("stages"), list) else []:
+        raw = raw if isinstance(raw, dict) else {}
+        replay = raw["replay"] if isinstance(raw.get("replay"), list) else []
+        stages.append(SimpleNamespace(collect=valid(CollectConfig, raw.get("collect")),
+                                      replay=[str(item) for item in replay]))
+    seed = data.get("seed", 0)
+    partial = SimpleNamespace(
+        output=str(data.get("output") or "."), base_model=str(data.get("base_model") or "bundled"), stages=stages,
+        validation=valid(ValidationConfig, data.get("validation")),
+        orchestrator=valid(OrchestratorConfig, data.get("orchestrator")),
+        stack=valid(RunStackConfig, data.get("stack")), seed=seed if isinstance(seed, int) else 0)
+    return file_problems(partial)  # type: ignore[arg-type]
 
 
 def renamed_keys(data: dict[str, Any]) -> list[str]:
@@ -463,6 +506,8 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
         inputs += [(f"orchestrator.envs[{i}].input", env.input) for i, env in enumerate(plan.orchestrator.envs)]
     problems += [(key, problem) for key, file in inputs if (problem := task_file_problem(file))]
     stack = plan.stack
+    if stack is None:  # section_file_problems: the stack's own errors are reported already
+        return problems
     try:
         if stack.registry_file:
             servers = list(load_registry_file(stack.registry_file))
@@ -473,8 +518,12 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
     else:
         if stack.agent is not None and stack.agent not in servers:
             problems.append(("stack.agent", f"the stack has no server named {stack.agent!r} ({', '.join(servers)})"))
+        try:
+            environments = validation_environments(plan)
+        except ValueError:  # a suite that does not load is reported under validation.suite by load_plan
+            environments = []
         problems += [("validation.suite", f"environment {env.name!r}: the stack has no agent {env.agent!r}")
-                     for env in validation_environments(plan) if env.agent not in servers]
+                     for env in environments if env.agent not in servers]
     return problems
 
 
