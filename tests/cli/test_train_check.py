@@ -171,3 +171,31 @@ def test_an_output_that_is_a_file_is_refused(tmp_path: Path, capsys: pytest.Capt
     (tmp_path / "run").write_text("x")
     code, out, err = check(capsys, write(tmp_path, data))
     assert code == 2 and f"key 'output': {tmp_path / 'run'} is a file; a run's output is a folder" in err
+
+
+def test_an_async_plan_reports_the_step_it_would_continue_with(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    tasks = str(REPO_ROOT / "resources_servers/reverse_text/data/example.jsonl")
+    (tmp_path / "stack.json").write_text('{"agent": {"url": "http://127.0.0.1:9", "role": "agents"}}')
+    data = {"output": str(tmp_path / "run"), "mode": "async", "stack": {"registry_file": str(tmp_path / "stack.json")},
+            "validation": {"input": tasks, "repeats": 1},
+            "orchestrator": {"batch_size": 4, "rollouts_per_example": 2, "max_steps": 5,
+                             "envs": [{"name": "reverse", "input": tasks}]},
+            "optimize": {"trainer": "trl_sft"}}
+    path = write(tmp_path, data)
+    code, out, err = check(capsys, path)
+    assert code == 0 and "mode async, trainer trl_sft, 5 steps" in out, err
+    assert f"output {tmp_path / 'run'}: a new run" in out
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("x")
+    code, out, err = check(capsys, path)
+    assert code == 2 and "is not empty and holds no run (no plan.json)" in err
+    (tmp_path / "run" / "notes.txt").unlink()
+    plan = load_plan(path)
+    folder = RunFolder(Path(plan.output), "step")
+    folder.claim(plan.model_dump(mode="json"))
+    state = folder.read_state()
+    for step in (0, 1, 2):
+        folder.append_history({"epoch": step, "step": step}, state)
+    code, out, err = check(capsys, path)
+    assert code == 0 and "holds a run of this plan, 2 steps finished; continues with step 3 of 5" in out, err
