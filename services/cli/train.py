@@ -104,10 +104,9 @@ def check_output(source: str, plan: Any, rewind: int | None = None) -> int:
                         "use another output folder")
     history = folder.history() if refusal is None and folder.holds_run() else []
     finished = sorted({int(line["epoch"]) for line in history if "epoch" in line})
-    if rewind is not None and rewind not in finished:
-        shown = f"{finished[0]}..{finished[-1]}" if finished else "none"
-        problems.append(f"--rewind {rewind}: {unit} {rewind} is not a finished {unit} of the run in {plan.output} "
-                        f"(finished: {shown})")
+    if rewind is not None and refusal is None and (problem := folder.rewind_problem(rewind,
+                                                                                   plan.checkpoints.keep_last)):
+        problems.append(f"--rewind {rewind}: {problem}")
     if problems:
         return _report_problems(source, problems)
     print(f"{source}: ok ({_shape(plan)})")

@@ -141,10 +141,13 @@ def test_a_resumable_change_is_accepted_and_the_resume_point_reported(tmp_path: 
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     data = demo(tmp_path)
     folder = started_run(tmp_path, data)
-    applied = {"kind": "lora", "uri": "x", "base_model": "bundled", "version": "policy-e001"}
-    state = {"applied": applied, "best": None, "last": applied, "stopped": None}
+    base = {"applied": None, "best": None, "last": None, "stopped": None}
+    folder.append_history({"epoch": 0, "validation": {"mean_reward": 0.2}}, base)
+    weights = folder.unit_dir(1) / "train" / "adapter"
+    weights.mkdir(parents=True)
+    applied = {"kind": "lora", "uri": str(weights), "base_model": "bundled", "version": "policy-e001"}
+    state = {**base, "applied": applied, "last": applied}
     folder.save_state(state)
-    folder.append_history({"epoch": 0, "validation": {"mean_reward": 0.2}}, state)
     folder.append_history({"epoch": 1, "stage": "rs-sft"}, state)
     (folder.unit_dir(2)).mkdir()
     (folder.unit_dir(2) / "phases.json").write_text('{"collect": {"s": 1.0}, "curate": {"s": 0.1}}')
@@ -155,8 +158,15 @@ def test_a_resumable_change_is_accepted_and_the_resume_point_reported(tmp_path: 
             "(stage grpo), its collect, curate phases already done") in out
     code, out, err = check(capsys, write(tmp_path, changed), "--rewind", "0")
     assert code == 0 and "after the rewind to epoch 0" in out and "continues with epoch 1 (stage rs-sft)" in out, err
+    assert "applies" not in out  # epoch 0's state: the base model
     code, out, err = check(capsys, write(tmp_path, changed), "--rewind", "5")
-    assert code == 2 and "--rewind 5: epoch 5 is not a finished epoch" in err and "(finished: 0..1)" in err
+    assert code == 2
+    assert f"--rewind 5: {folder.root}: epoch 5 is not a finished epoch of this run (finished: 0..1)" in err
+    weights.rmdir()  # epoch 1's weights gone: it cannot be rewound to, epoch 0 still can
+    code, out, err = check(capsys, write(tmp_path, changed), "--rewind", "1")
+    assert code == 2 and f"--rewind 1: cannot rewind to epoch 1: its weights {weights} are gone" in err
+    assert "epochs it can rewind to: 0" in err
+    weights.mkdir()
 
     folder.append_history({"epoch": 2, "stage": "grpo"}, state)
     code, out, err = check(capsys, write(tmp_path, changed))

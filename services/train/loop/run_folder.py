@@ -185,6 +185,21 @@ class RunFolder:
                 return f"its weights {path} are {why}"
         return None
 
+    def rewind_problem(self, to: int, keep_last: int | None = None, rebuildable: bool = True) -> str | None:
+        """Why the run cannot be rewound to the end of its epoch (step) `to` (None: it can), with the ones it can;
+        reads, never writes. `rebuildable`: a pruned merged GGUF can be written again from its kept weights."""
+        unit = self.unit
+        finished = sorted({int(line["epoch"]) for line in self.history() if "epoch" in line})
+        if to not in finished:
+            shown = f"{finished[0]}..{finished[-1]}" if finished else "none"
+            return f"{self.root}: {unit} {to} is not a finished {unit} of this run (finished: {shown})"
+        problem = self._unrestorable(to, keep_last, rebuildable)
+        if problem is None:
+            return None
+        possible = [n for n in finished if self._unrestorable(n, keep_last, rebuildable) is None]
+        return (f"cannot rewind to {unit} {to}: {problem}; {unit}s it can rewind to: "
+                f"{', '.join(map(str, possible)) or 'none'}")
+
     def rewind(self, to: int, log: Callable[[str], None] = print, *, keep_last: int | None = None,
                rebuild: Callable[[dict[str, Any]], None] | None = None) -> Path:
         """Rewind the run to the end of its epoch (step) `to`; the folder that now holds what came after it.
@@ -192,15 +207,9 @@ class RunFolder:
         writes an artefact's merged GGUF (`serving_uri`) again from its kept weights (`uri`)."""
         unit = self.unit
         history = self.history()
-        finished = sorted({int(line["epoch"]) for line in history if "epoch" in line})
-        if to not in finished:
-            shown = f"{finished[0]}..{finished[-1]}" if finished else "none"
-            raise RewindError(f"{self.root}: {unit} {to} is not a finished {unit} of this run (finished: {shown})")
-        problem = self._unrestorable(to, keep_last, rebuild is not None)
+        problem = self.rewind_problem(to, keep_last, rebuild is not None)
         if problem is not None:
-            possible = [n for n in finished if self._unrestorable(n, keep_last, rebuild is not None) is None]
-            raise RewindError(f"cannot rewind to {unit} {to}: {problem}; {unit}s it can rewind to: "
-                              f"{', '.join(map(str, possible)) or 'none'}")
+            raise RewindError(problem)
         state = orjson.loads((self.unit_dir(to) / STATE_FILE).read_bytes())
         if rebuild is not None:
             self._rebuild_merged(state, rebuild, log)
