@@ -37,7 +37,7 @@ import orjson
 from ...data.jsonl import read_whole_lines, write_atomic, write_json_atomic, write_jsonl_atomic
 from ..trainers.jobs import ARTEFACT_FILE
 from .errors import TrainError
-from .plan import renamed_keys
+from .plan import Plan, renamed_keys
 
 STATE_FILE = "state.json"
 HISTORY_FILE = "history.jsonl"
@@ -73,6 +73,16 @@ def _what_is_trained(plan: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(kept.get(section), dict):
             kept[section].pop(key, None)
     return kept
+
+
+def _as_current(saved: dict[str, Any]) -> dict[str, Any]:
+    """A run's saved plan as this version of rollgym reads it: keys renamed since under their new names,
+    keys added since at their defaults, so that a run started before either is still the same plan."""
+    renamed_keys(saved)
+    try:
+        return Plan.model_validate(saved).model_dump(mode="json")
+    except ValueError:  # a ValidationError too
+        return saved  # compared as it is: the message then names the keys that differ
 
 
 def _weights(*artefacts: dict[str, Any] | None) -> list[str]:
@@ -122,7 +132,7 @@ class RunFolder:
             return f"output: {self.root} is a file; a run's output is a folder"
         saved = read_json(self.root / PLAN_FILE, None)
         if saved is not None:
-            renamed_keys(saved)  # a run started before a key was renamed is the same plan
+            saved = _as_current(saved)
         if saved is not None and _what_is_trained(saved) != _what_is_trained(plan):
             changed = sorted(k for k in set(saved) | set(plan)
                              if _what_is_trained({k: saved.get(k)}) != _what_is_trained({k: plan.get(k)}))

@@ -348,3 +348,23 @@ def test_validation_can_name_an_eval_suite(tmp_path: Path, registry_file: Path) 
     with pytest.raises(Exception, match=r"key 'validation.suite': suite 'no-such-suite': no such file, nor a "
                                         r"bundled suite \(bundled: reasoning-gym, smoke\)"):
         load_plan(plan)
+
+
+def test_a_run_saved_before_keys_were_renamed_or_added_is_the_same_plan(tmp_path: Path, registry_file: Path) -> None:
+    """plan.json as an older rollgym wrote it: `optimize.adapter` (now `trainer`) and no key added since
+    (`curate.segments`): the same plan, so the run resumes; a real change still refuses."""
+    from rollgym.train.loop.run_folder import RunFolder
+
+    plan = load_plan(make_plan(tmp_path, registry_file))
+    current = plan.model_dump(mode="json")
+    older = orjson.loads(orjson.dumps(current))
+    stage = older["stages"][0]
+    stage["optimize"]["adapter"] = stage["optimize"].pop("trainer")
+    del stage["curate"]["segments"]
+    folder = RunFolder(Path(plan.output), "epoch")
+    folder.root.mkdir(parents=True)
+    (folder.root / "plan.json").write_bytes(orjson.dumps(older))
+    assert folder.refusal(current) is None
+    stage["curate"]["min_reward"] = 0.5
+    (folder.root / "plan.json").write_bytes(orjson.dumps(older))
+    assert "keys differ: stages" in (folder.refusal(current) or "")
