@@ -23,16 +23,6 @@ CUDA = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
-
-
 def batch(seed: int = 1) -> list[TrainSequence]:
     generator = torch.Generator().manual_seed(seed)
     out = []

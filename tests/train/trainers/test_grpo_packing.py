@@ -13,16 +13,6 @@ from rollgym.train.trainers.grpo_config import GRPOConfig  # noqa: E402
 from rollgym.train.trainers.grpo_trainer import PolicyTrainer, TrainSequence  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
-
-
 def batch() -> list[TrainSequence]:
     generator = torch.Generator().manual_seed(7)
     out = []

@@ -147,16 +147,6 @@ def test_the_async_batch_trains_every_segment_with_the_orchestrators_advantage()
         assert {seq.advantage for seq in trained if seq.rollout == number} == {row["advantage"]}
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
-
-
 @pytest.mark.parametrize("aggregation", ["sequence_mean", "token_mean"])
 def test_the_loss_of_a_step_is_over_every_segment_weighed_per_rollout(tiny_model, aggregation) -> None:
     [record] = curate(batch(), "groups", CurateConfig(), group_size=3).records

@@ -24,16 +24,6 @@ from rollgym.train.trainers.base import TrainConfig, TrainingFailed  # noqa: E40
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
-    folder = tmp_path_factory.mktemp("tiny") / "model"
-    transformers.LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
-
-
 def groups(seed: int, count: int = 2, size: int = 3, temperature: float = 1.0) -> list[dict]:
     """Curated GRPO groups as curation.to_groups writes them, with made-up tokens and sampling logprobs."""
     generator = torch.Generator().manual_seed(seed)
