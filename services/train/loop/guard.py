@@ -19,11 +19,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..trainers.base import Artefact
-from .plan import GuardConfig, metric_path
+from .plan import GuardConfig
+from .validation_metrics import metric_path
 
 
 def metric_value(summary: dict[str, Any], name: str) -> float | None:
-    """A metric of a validation summary by its guard name (`plan.metric_path`): `mean_reward`, `pass@4`,
+    """A metric of a validation summary by its guard name (`validation_metrics.metric_path`): `mean_reward`, `pass@4`,
     `reward_components.NAME` (the mean of that component), `environments.ENV.METRIC` (a suite's environment);
     None when the summary does not have it."""
     env, metric = metric_path(name)

@@ -9,6 +9,7 @@ crash or an out-of-memory kill fails that step with its cause instead of taking 
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from typing import Any, Callable
 from ...data.jsonl import write_json_atomic
 from ..trainers.base import Artefact, RemoteTrainer, TrainConfig, load_trainer
 from ..trainers.jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
-from .plan import RL_TRAINERS, OptimizeConfig, Plan, trainer_args
+from .plan import RL_TRAINERS, OptimizeConfig, Plan
 
 
 class Trainers:
@@ -67,4 +68,36 @@ def step_config(plan: Plan, optimize: OptimizeConfig, folder: Path, version: str
                        args=trainer_args(plan, optimize), run_dir=str(Path(plan.output)))
 
 
-__all__ = ["Trainers", "step_config"]
+def trainer_args(plan: Plan, optimize: OptimizeConfig) -> dict[str, Any]:
+    """The trainer's arguments as it gets them: for an RL trainer, with `total_steps` (the LR
+    schedule's length) filled in from the plan when it does not give one."""
+    args = dict(optimize.args)
+    if optimize.trainer not in RL_TRAINERS or args.get("total_steps"):
+        return args
+    per_step = args.get("groups_per_step")
+    passes = float(args.get("epochs", 1.0))
+    updates = int(args.get("mini_batches", 1))
+
+    def steps(groups: int) -> int:
+        return max(1, math.ceil(passes * math.ceil(groups / (per_step or groups)))) * updates
+
+    if plan.orchestrator is not None:
+        total = steps(plan.orchestrator.batch_size // plan.orchestrator.rollouts_per_example) * (
+            plan.orchestrator.max_steps or 0)
+    else:
+        total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.files[0]))
+                    for stage in plan.stages if stage.optimize is optimize and stage.collect is not None)
+    if total:
+        args["total_steps"] = total
+    return args
+
+
+def _task_count(path: str) -> int:
+    try:
+        with open(path, "rb") as handle:
+            return max(1, sum(1 for line in handle if line.strip()))
+    except OSError:
+        return 1
+
+
+__all__ = ["Trainers", "step_config", "trainer_args"]

@@ -32,7 +32,6 @@ Relative paths are relative to the current directory, as on the command line.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from pathlib import Path
@@ -44,6 +43,7 @@ from ...config import StrictModel, import_target, key_problems, read_mapping
 from .curation import CurateConfig
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .tracking import TrackingConfig
+from .validation_metrics import metric_path, metric_problem, pass_k_problem
 from ..trainers.base import BUILTIN, DATA_KIND
 
 # The trainers that train on the sampling policy's logprobs with rollgym's own objective (grpo_trainer.py).
@@ -183,43 +183,6 @@ class GuardConfig(StrictModel):
         return self
 
 
-_METRICS = "mean_reward, pass@K, reward_components.NAME, or environments.ENV.METRIC with a validation suite"
-
-
-def metric_path(name: str) -> tuple[str | None, str]:
-    """A guard metric's (environment, metric within it): "environments.weather.pass@4" -> ("weather", "pass@4");
-    "mean_reward" -> (None, "mean_reward")."""
-    if name.startswith("environments."):
-        env, _, rest = name.removeprefix("environments.").partition(".")
-        return env, rest
-    return None, name
-
-
-def metric_problem(name: str) -> str | None:
-    """Why `name` can never be a metric of a validation summary (None: it can be one)."""
-    env, metric = metric_path(name)
-    if env == "" or (env is not None and not metric):
-        return f"accept: metric {name!r}: write environments.ENV.METRIC (e.g. environments.weather.mean_reward)"
-    if (metric == "mean_reward" or re.fullmatch(r"pass@[1-9]\d*", metric)
-            or (metric.startswith("reward_components.") and metric != "reward_components.")):
-        return None
-    return f"accept: unknown metric {name!r}: use {_METRICS}"
-
-
-def pass_k_problem(name: str, metric: str, repeats: int) -> str | None:
-    """pass@K exists in a summary only for K = 1, 2, 4, ... up to the repeats, and the repeats themselves."""
-    match = re.fullmatch(r"pass@(\d+)", metric)
-    if match is None:
-        return None
-    from ...rollouts.metrics import k_values
-
-    ks = k_values(repeats)
-    if int(match.group(1)) in ks:
-        return None
-    return (f"{name!r} is never measured: validation with {repeats} repeats measures "
-            f"{', '.join(f'pass@{k}' for k in ks)}")
-
-
 class CheckpointConfig(StrictModel):
     keep_last: int | None = Field(default=None, ge=1, description="keep the weights and trainer state of the last N "
                                   "steps (and the applied and best ones); None: all")
@@ -315,38 +278,6 @@ class Plan(StrictModel):
         for stage in self.stages:
             out.extend((len(out) + 1, stage) for _ in range(stage.epochs))
         return out
-
-
-def trainer_args(plan: Plan, optimize: OptimizeConfig) -> dict[str, Any]:
-    """The trainer's arguments as it gets them: for an RL trainer, with `total_steps` (the LR
-    schedule's length) filled in from the plan when it does not give one."""
-    args = dict(optimize.args)
-    if optimize.trainer not in RL_TRAINERS or args.get("total_steps"):
-        return args
-    per_step = args.get("groups_per_step")
-    passes = float(args.get("epochs", 1.0))
-    updates = int(args.get("mini_batches", 1))
-
-    def steps(groups: int) -> int:
-        return max(1, math.ceil(passes * math.ceil(groups / (per_step or groups)))) * updates
-
-    if plan.orchestrator is not None:
-        total = steps(plan.orchestrator.batch_size // plan.orchestrator.rollouts_per_example) * (
-            plan.orchestrator.max_steps or 0)
-    else:
-        total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.files[0]))
-                    for stage in plan.stages if stage.optimize is optimize and stage.collect is not None)
-    if total:
-        args["total_steps"] = total
-    return args
-
-
-def _task_count(path: str) -> int:
-    try:
-        with open(path, "rb") as handle:
-            return max(1, sum(1 for line in handle if line.strip()))
-    except OSError:
-        return 1
 
 
 def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Plan:
@@ -581,5 +512,5 @@ def add_suite_environments(plan: Plan) -> None:
 
 
 __all__ = ["CollectConfig", "GuardConfig", "OptimizeConfig", "Plan", "PlanError", "RL_TRAINERS", "RunStackConfig",
-           "StageConfig", "ValidationConfig", "accept_problems", "file_problems", "load_plan", "metric_path",
-           "renamed_keys", "trainer_args", "validation_environments"]
+           "StageConfig", "ValidationConfig", "accept_problems", "file_problems", "load_plan",
+           "renamed_keys", "validation_environments"]
