@@ -1,8 +1,16 @@
-"""The one parser of Hermes / Qwen tool calls in generated text, shared by every model server.
+"""Hermes / Qwen tool calls in text, both ways, shared by every model server.
 
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks become OpenAI chat tool calls. The
-arguments are kept as the model generated them (byte for byte when they came as JSON text), so a
-trainer that re-renders the call sees the tokens that were sampled, not a re-serialisation.
+Parsing: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks become OpenAI chat tool
+calls. The arguments are kept as the model generated them (byte for byte when they came as JSON text),
+so a trainer that re-renders the call sees the tokens that were sampled, not a re-serialisation.
+
+Rendering (the embedded models' prompts, for chat templates that know no tools): `plain_tool_messages`
+lowers a conversation to role/content text, so both embedded servers show a model the same text: the
+tools go into the system message as `# Tools` + `<tools>` one JSON tool per line `</tools>` + the
+instruction to answer with `<tool_call>` blocks; an assistant message's tool calls become such blocks
+after its content; each run of `tool` messages becomes one user turn of `<tool_response>` blocks
+(Qwen2.5 style: a user turn renders cleanly with any ChatML template). `native_tool_messages` prepares a
+conversation for a template that does know tools.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -75,4 +84,94 @@ def parse_hermes_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
     return (rest.strip() if calls else rest), calls
 
 
-__all__ = ["parse_hermes_tool_calls"]
+
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+TOOLS_SYSTEM_HEADER = (
+    "# Tools\n\n"
+    "You may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n"
+    "<tools>"
+)
+TOOLS_SYSTEM_FOOTER = (
+    "\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n"
+    "<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
+
+
+def content_text(content: Any) -> str:
+    """OpenAI message content (str, None or a list of parts) as text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") if isinstance(part, Mapping) else str(part) for part in content)
+    return str(content)
+
+
+def arguments_object(arguments: Any) -> Any:
+    """Tool-call arguments as a JSON value (OpenAI sends a JSON string; a broken one stays text, rendered
+    verbatim: a template must not crash on it)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments if arguments is not None else {}
+
+
+def tool_call_text(call: Mapping[str, Any]) -> str:
+    """One OpenAI tool call as a Hermes `<tool_call>` block."""
+    function = call.get("function", call)
+    payload = {"name": function.get("name", ""), "arguments": arguments_object(function.get("arguments"))}
+    return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
+
+
+def plain_tool_messages(messages: Sequence[Mapping[str, Any]],
+                        tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, str]]:
+    """OpenAI chat messages (and the tools to advertise; None: none) lowered to role/content text messages."""
+    out: list[dict[str, str]] = []
+    for index, message in enumerate(messages):
+        role = message.get("role", "user")
+        content = content_text(message.get("content"))
+        if role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if index > 0 and messages[index - 1].get("role") == "tool" and out:
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block})
+            continue
+        if role == "assistant" and message.get("tool_calls"):
+            content = "\n".join([content] * bool(content) + [tool_call_text(call) for call in message["tool_calls"]])
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    if tools:
+        text = TOOLS_SYSTEM_HEADER + "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
+        text += TOOLS_SYSTEM_FOOTER
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}" if out[0]["content"] else text}
+        else:
+            out.insert(0, {"role": "system", "content": text})
+    return out
+
+
+def native_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages for a template with tool support: content flattened to text, tool-call arguments parsed to
+    objects (as transformers expects: templates apply `tojson` to them)."""
+    out = []
+    for message in messages:
+        copy = {**message, "content": content_text(message.get("content"))}
+        if message.get("tool_calls"):
+            copy["tool_calls"] = [{**call, "function": {**call.get("function", {}), "arguments": arguments_object(
+                call.get("function", {}).get("arguments"))}} for call in message["tool_calls"]]
+        out.append(copy)
+    return out
+
+
+__all__ = ["TOOLS_SYSTEM_FOOTER", "TOOLS_SYSTEM_HEADER", "TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "arguments_object",
+           "content_text", "native_tool_messages", "parse_hermes_tool_calls", "plain_tool_messages", "tool_call_text"]

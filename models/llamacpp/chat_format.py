@@ -24,6 +24,10 @@ import jinja2.meta
 import jinja2.sandbox
 from llama_cpp.llama_grammar import SchemaConverter
 
+# The lowering of tool messages is the kernel's, shared with the transformers server.
+from rollgym.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from rollgym.tool_calls import native_tool_messages as messages_for_tool_template
+from rollgym.tool_calls import plain_tool_messages as messages_for_plain_template
 
 # Used only when a GGUF carries no chat template at all.
 CHATML_TEMPLATE = (
@@ -33,28 +37,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Hermes / Qwen2.5 tool prompt, appended to the system message for templates that
-# have no native tool support (SmolLM2's template is plain ChatML).
-TOOLS_SYSTEM_HEADER = (
-    "# Tools\n\n"
-    "You may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n"
-    "<tools>"
-)
-TOOLS_SYSTEM_FOOTER = (
-    "\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n"
-    "<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call>"
-)
-
-# End-of-turn tokens of common chat formats (ChatML, Llama 3, Gemma), most likely first.
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
-
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 
 
 # --------------------------------------------------------------------------- templates
@@ -91,103 +74,6 @@ def compile_template(source: str) -> tuple[jinja2.Template, bool]:
     return env.from_string(source), uses_tools
 
 
-def _content_text(content: Any) -> str:
-    """Flatten OpenAI message content (str, None or list of parts) to text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") if isinstance(part, Mapping) else str(part) for part in content)
-    return str(content)
-
-
-def _arguments_object(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value (OpenAI sends a JSON string)."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments  # rendered verbatim; a template must not crash on it
-    return arguments if arguments is not None else {}
-
-
-def _tool_call_text(call: Mapping[str, Any]) -> str:
-    """Render one OpenAI tool call as a Hermes ``<tool_call>`` block."""
-    function = call.get("function", call)
-    payload = {"name": function.get("name", ""), "arguments": _arguments_object(function.get("arguments"))}
-    return f"{TOOL_CALL_OPEN}\n{json.dumps(payload, ensure_ascii=False)}\n{TOOL_CALL_CLOSE}"
-
-
-def _tools_system_text(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The Hermes/Qwen tool block that goes into the system prompt."""
-    lines = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
-    return TOOLS_SYSTEM_HEADER + lines + TOOLS_SYSTEM_FOOTER
-
-
-def messages_for_plain_template(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-) -> list[dict[str, str]]:
-    """Lower tool-related chat messages to plain ChatML-able text messages.
-
-    In: OpenAI chat messages, and the tools to advertise (None = no tools).
-    Out: messages with only ``role``/``content`` strings:
-    tools go into the (possibly new) system message, assistant tool calls become
-    ``<tool_call>`` blocks after the content, and each run of consecutive ``tool``
-    messages becomes ONE user turn of ``<tool_response>`` blocks (Qwen2.5 style;
-    SmolLM2 never saw a "tool" role, and a user turn renders cleanly with any
-    ChatML template).
-    """
-    out: list[dict[str, str]] = []
-    for index, message in enumerate(messages):
-        role = message.get("role", "user")
-        content = _content_text(message.get("content"))
-        if role == "tool":
-            block = f"<tool_response>\n{content}\n</tool_response>"
-            previous = messages[index - 1].get("role") if index > 0 else None
-            if previous == "tool" and out:
-                out[-1]["content"] += "\n" + block
-            else:
-                out.append({"role": "user", "content": block})
-            continue
-        if role == "assistant" and message.get("tool_calls"):
-            parts = [content] if content else []
-            parts += [_tool_call_text(call) for call in message["tool_calls"]]
-            content = "\n".join(parts)
-        if role == "developer":
-            role = "system"
-        out.append({"role": role, "content": content})
-    if tools:
-        tool_text = _tools_system_text(tools)
-        if out and out[0]["role"] == "system":
-            base = out[0]["content"]
-            out[0] = {"role": "system", "content": f"{base}\n\n{tool_text}" if base else tool_text}
-        else:
-            out.insert(0, {"role": "system", "content": tool_text})
-    return out
-
-
-def messages_for_tool_template(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Copy messages for a template with native tool support.
-
-    Content is flattened to text and tool-call arguments are parsed to objects,
-    as transformers expects (templates apply ``tojson`` to them).
-    """
-    out: list[dict[str, Any]] = []
-    for message in messages:
-        copy = dict(message)
-        copy["content"] = _content_text(message.get("content"))
-        if message.get("tool_calls"):
-            calls = []
-            for call in message["tool_calls"]:
-                function = dict(call.get("function", {}))
-                function["arguments"] = _arguments_object(function.get("arguments"))
-                calls.append({**call, "function": function})
-            copy["tool_calls"] = calls
-        out.append(copy)
-    return out
-
-
 # --------------------------------------------------------------------------- forced tool calls
 
 
@@ -219,3 +105,7 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
     body_rule = converter.visit(schema, "tool-call-json")
     root = f'root ::= "{TOOL_CALL_OPEN}\\n" {body_rule} "\\n{TOOL_CALL_CLOSE}"'
     return root + "\n" + converter.format_grammar() + "\n"
+
+
+__all__ = ["CHATML_TEMPLATE", "END_OF_TURN_TEXTS", "compile_template", "messages_for_plain_template",
+           "messages_for_tool_template", "tool_call_grammar"]

@@ -12,89 +12,12 @@ user turn of `<tool_response>` blocks.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-TOOLS_SYSTEM_HEADER = (
-    "# Tools\n\n"
-    "You may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n"
-    "<tools>"
-)
-TOOLS_SYSTEM_FOOTER = (
-    "\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n"
-    "<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n'
-    "</tool_call>"
-)
-
-
-def content_text(content: Any) -> str:
-    """OpenAI message content (str, None or a list of parts) as text."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") if isinstance(part, Mapping) else str(part) for part in content)
-    return str(content)
-
-
-def arguments_object(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON value (OpenAI sends a JSON string; a broken one stays text)."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-    return arguments if arguments is not None else {}
-
-
-def tool_call_text(call: Mapping[str, Any]) -> str:
-    function = call.get("function", call)
-    payload = {"name": function.get("name", ""), "arguments": arguments_object(function.get("arguments"))}
-    return f"<tool_call>\n{json.dumps(payload, ensure_ascii=False)}\n</tool_call>"
-
-
-def plain_messages(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, str]]:
-    """Chat messages with tool calls, tool results and advertised tools lowered to plain text."""
-    out: list[dict[str, str]] = []
-    for index, message in enumerate(messages):
-        role = message.get("role", "user")
-        content = content_text(message.get("content"))
-        if role == "tool":
-            block = f"<tool_response>\n{content}\n</tool_response>"
-            if index > 0 and messages[index - 1].get("role") == "tool" and out:
-                out[-1]["content"] += "\n" + block
-            else:
-                out.append({"role": "user", "content": block})
-            continue
-        if role == "assistant" and message.get("tool_calls"):
-            content = "\n".join([content] * bool(content) + [tool_call_text(call) for call in message["tool_calls"]])
-        out.append({"role": "system" if role == "developer" else role, "content": content})
-    if tools:
-        text = TOOLS_SYSTEM_HEADER + "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_SYSTEM_FOOTER
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{text}" if out[0]["content"] else text}
-        else:
-            out.insert(0, {"role": "system", "content": text})
-    return out
-
-
-def native_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Messages for a template with tool support: text content, tool-call arguments as objects."""
-    out = []
-    for message in messages:
-        copy = {**message, "content": content_text(message.get("content"))}
-        if message.get("tool_calls"):
-            copy["tool_calls"] = [{**call, "function": {**call.get("function", {}), "arguments": arguments_object(
-                call.get("function", {}).get("arguments"))}} for call in message["tool_calls"]]
-        out.append(copy)
-    return out
-
+# The lowering of tool messages is the kernel's, shared with the embedded model.
+from rollgym.tool_calls import native_tool_messages as native_messages
+from rollgym.tool_calls import plain_tool_messages as plain_messages
 
 def resolve_tool_choice(tools: Sequence[Mapping[str, Any]] | None,
                         tool_choice: Any) -> tuple[list[Mapping[str, Any]], str | None]:
@@ -160,3 +83,6 @@ def call_closed(text: str) -> bool:
             if depth == 0:
                 return True
     return False
+
+
+__all__ = ["call_closed", "native_messages", "plain_messages", "resolve_tool_choice"]
