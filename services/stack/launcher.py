@@ -7,7 +7,9 @@ no two servers race for a port. Children die with the launcher (PR_SET_PDEATHSIG
 To start in about the time of one Python import instead of one per server, the launcher imports
 the server code once and forks each child from itself. Forking is only safe from a process with a
 single thread, so with other threads running (inside a test runner, say) children are spawned as
-fresh interpreters instead.
+fresh interpreters instead; so are they from a process that has imported torch (a trainer that starts
+its rollouts' stack): once it has asked for the GPU (`torch.cuda.is_available()` is enough), a forked
+child can no longer use CUDA, and a model server on the GPU fails its start.
 
 A server with `replicas: N` gets N children, each on its own socket (ports `port`..`port+N-1` when
 the config names a port); its registry entry lists the N URLs. The children are named `name[i]`.
@@ -97,7 +99,8 @@ class Stack:
         try:
             self._bind_sockets()
             stack_file, stack = self._write_stack_file()
-            use_fork = self.fork and hasattr(os, "fork") and threading.active_count() == 1
+            use_fork = (self.fork and hasattr(os, "fork") and threading.active_count() == 1
+                        and "torch" not in sys.modules)
             if use_fork:
                 from . import serve
 
