@@ -213,6 +213,17 @@ class RunResponse(RunRequest):
     prefix_ok: bool | None = None
 
 
+class RolloutLine(RunResponse):
+    """One line of a collection's rollouts file, as the format specification writes a rollout: /run's answer
+    with the response's output items at the top (`output`; `response` keeps its id, model, usage and version)
+    and `metadata`, the task's fields other than the request. Readers take `response.output` too (the
+    answer of /run itself, and lines written before): `rollgym.data.records.output_items`."""
+
+    response: dict[str, Any] | None = None  # type: ignore[assignment]
+    output: list[OutputItem]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
 __all__ = [
     "TOKEN_FIELDS",
     "FAILURE_STATUSES",
@@ -228,6 +239,7 @@ __all__ = [
     "Reasoning",
     "ResponseUsage",
     "ResponsesCreateParams",
+    "RolloutLine",
     "RolloutMetrics",
     "RolloutStatus",
     "RunRequest",

@@ -188,7 +188,7 @@ def rollout_to_output(rollout: Mapping[str, Any], response_length: int | None = 
     cut = response_length is not None and len(response_ids) > response_length
     if cut:  # verl pads every response to rollout.response_length; its own tool loop cuts the same way
         response_ids, response_mask, logprobs = (x[:response_length] for x in (response_ids, response_mask, logprobs))
-    output_items = (rollout.get("response") or {}).get("output") or []
+    output_items = (rollout.get("response") or {}).get("output") or rollout.get("output") or []  # /run's or a line's
     metrics = rollout.get("metrics") or {}
     tool_outputs = sum(1 for item in output_items if item.get("type") == "function_call_output")
     return AgentLoopOutput(

@@ -25,6 +25,7 @@ import orjson
 from ..chat_conversion import ConversionError, responses_to_chat_request
 from .advantages import grpo_advantages
 from .jsonl import Report, iter_jsonl
+from .records import output_items
 from .routing import agent_ref_name
 
 FORMATS = ("sft", "dpo", "grpo", "hf")
@@ -68,8 +69,9 @@ def rollout_problem(row: dict[str, Any]) -> str | None:
     if not isinstance(params.get("input"), (str, list)):
         return "field 'responses_create_params.input': must be a string or a list of items"
     response = row.get("response")
-    if not isinstance(response, dict) or not isinstance(response.get("output"), list):
-        return "not a finished rollout: no 'response.output' list"
+    if not (isinstance(response, dict) and isinstance(response.get("output"), list)) \
+            and not isinstance(row.get("output"), list):
+        return "not a finished rollout: no 'output' list (nor 'response.output')"
     reward = row.get("reward")
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
         return f"field 'reward': must be a number, got {type(reward).__name__}"
@@ -110,7 +112,7 @@ def rollout_messages(row: dict[str, Any]) -> tuple[list[dict[str, Any]], list[di
     params = row["responses_create_params"]
     items = _input_items(params)
     prompt = _convert(params, items)["messages"]
-    full = _convert(params, items + list(row["response"]["output"]))["messages"]
+    full = _convert(params, items + list(output_items(row)))["messages"]
     if full[: len(prompt)] != prompt:
         # The input ended mid-turn (a function_call without its output) and the output continued it.
         raise RolloutError("the output continues the input's last assistant turn; prompt and completion cannot be split")

@@ -1,13 +1,26 @@
 """What a rollout record says about who generated it and which of its tokens are the model's.
 
 One reading of each, shared by curation, the orchestrator, the trainers, exports and the viewer:
-`model_versions` (the weights that sampled it), `completion_length` (how many tokens the policy generated),
+`output_items` (the items the rollout generated, in either shape of a rollout line), `model_versions` (the weights that sampled it), `completion_length` (how many tokens the policy generated),
 `model_token_mask` (which completion tokens the model sampled rather than the environment or a grammar).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+
+def output_items(rollout: Mapping[str, Any]) -> list[Any]:
+    """The output items of a rollout: `response.output` (the answer of /run, and rollout lines written before
+    the collector moved them out), else the line's top-level `output` (the format specification's shape, which
+    the collector writes: `response` then keeps its id, model and usage). [] when it has neither."""
+    response = rollout.get("response")
+    if isinstance(response, Mapping):
+        output = response.get("output")
+        if isinstance(output, list):
+            return output
+    output = rollout.get("output")
+    return output if isinstance(output, list) else []
 
 
 def model_versions(rollout: Mapping[str, Any], *, served_model: bool = True) -> set[str]:
@@ -18,7 +31,7 @@ def model_versions(rollout: Mapping[str, Any], *, served_model: bool = True) -> 
     response = rollout.get("response")
     if not isinstance(response, Mapping):
         return set()
-    versions = {str(item["model_version"]) for item in response.get("output") or []
+    versions = {str(item["model_version"]) for item in output_items(rollout)
                 if isinstance(item, Mapping) and item.get("model_version")}
     if response.get("model_version"):
         versions.add(str(response["model_version"]))
@@ -47,4 +60,4 @@ def model_token_mask(sequence: Mapping[str, Any]) -> list[int]:
     return [int(bool(m) and not f) for m, f in zip(sequence["completion_mask"], forced)]
 
 
-__all__ = ["completion_length", "model_token_mask", "model_versions"]
+__all__ = ["completion_length", "model_token_mask", "model_versions", "output_items"]

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import orjson
 
+from ..data.records import output_items
 from ..rollouts.collector import read_tasks
 from ..rollouts.metrics import k_values
 from ..rollouts.sink import companion_paths
@@ -290,10 +291,9 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 def _versions(row: dict[str, Any]) -> set[str]:
     versions = set()
     response = row.get("response")
-    if isinstance(response, dict):
-        for item in [response, *(response.get("output") or [])]:
-            if isinstance(item, dict) and item.get("model_version"):
-                versions.add(str(item["model_version"]))
+    for item in [response, *output_items(row)]:
+        if isinstance(item, dict) and item.get("model_version"):
+            versions.add(str(item["model_version"]))
     return versions
 
 

@@ -25,7 +25,7 @@ from .attempts import (
     rollout_id_for,
     run_rollout,
 )
-from .sink import RolloutSink, scan_output
+from .sink import RolloutSink, rollout_line, scan_output
 
 
 @dataclass
@@ -141,8 +141,9 @@ class Collector:
         """One rollout of `task` under the run's retry policy (rollgym.rollouts.attempts.run_rollout)."""
         payload = build_payload(task.row, self.options.params, task.group_id, task.rollout_id(repeat))
         agent = self.agent if self.options.force_agent else agent_for(task.row, self.agent)
-        return await run_rollout(self.client, agent, payload, self.policy,
-                                 where={"line": task.line}, on_failure=on_failure)
+        rollout, attempt = await run_rollout(self.client, agent, payload, self.policy,
+                                             where={"line": task.line}, on_failure=on_failure)
+        return (rollout_line(rollout, task.row) if rollout is not None else None), attempt
 
 
 def check_routes(tasks: list[Task], registry: dict[str, Any], options: CollectOptions, default: str) -> None:

@@ -1,7 +1,7 @@
 """The one writer of a collection's output: rollouts and failures files, progress bar, metrics.
 
 The local collector and the Ray driver both write through a `RolloutSink`: each finished rollout is
-appended to `rollouts.jsonl` and flushed as it arrives (a kill loses nothing finished), every failed
+appended to `rollouts.jsonl` (in the shape `rollout_line` gives it) and flushed as it arrives (a kill loses nothing finished), every failed
 attempt to `rollouts.failures.jsonl`, and at the end the summary goes to `rollouts.metrics.json`.
 `scan_output` reads what an earlier run wrote, so a rerun resumes by `rollout_id`.
 """
@@ -12,12 +12,28 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import orjson
 
 from ..data.jsonl import iter_raw, repair_torn_tail, truncate
 from .metrics import RolloutRecord, summarize
+
+
+def rollout_line(rollout: dict[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """The line written for a finished rollout of task `row`, as the format specification writes one: the
+    response's output items at the top as `output` (moved, not copied: `response` keeps its id, model, usage
+    and version), and `metadata`, the task's fields that are not the request. The agent's other fields stay
+    where they are (the task's fields echoed at the top among them, as /run answers)."""
+    response = rollout.get("response")
+    if type(response) is not dict or type(response.get("output")) is not list:
+        return rollout
+    rest = dict(response)
+    line = dict(rollout)
+    line["response"] = rest
+    line["output"] = rest.pop("output")
+    line["metadata"] = {key: value for key, value in row.items() if key != "responses_create_params"}
+    return line
 
 
 def companion_paths(output: Path) -> tuple[Path, Path]:
@@ -151,4 +167,4 @@ def _progress_bar(total: int, initial: int, enabled: bool) -> Any:
                 smoothing=0.1)
 
 
-__all__ = ["RolloutSink", "companion_paths", "scan_output"]
+__all__ = ["RolloutSink", "companion_paths", "rollout_line", "scan_output"]

@@ -87,6 +87,8 @@ def model_version_of(row: dict[str, Any]) -> str | None:
     if type(response) is not dict:
         response = _EMPTY
     output = response.get("output")
+    if type(output) is not list:  # a rollout line of the format specification's shape: top-level `output`
+        output = row.get("output")
     for item in reversed(output) if type(output) is list else ():
         version = item.get("model_version") if type(item) is dict else None
         if version is not None:

@@ -7,13 +7,13 @@ from typing import Any
 import numpy as np
 
 from ..data.advantages import grpo_advantages
+from ..data.records import output_items
 from .index import environment_of, model_version_of
 from .tokens import Vocabulary
 
 
 def _final_text(row: dict[str, Any]) -> str:
-    response = row.get("response") if isinstance(row.get("response"), dict) else {}
-    for item in reversed(response.get("output") or []):
+    for item in reversed(output_items(row)):
         if isinstance(item, dict) and item.get("type") == "message":
             parts = item.get("content") or []
             if isinstance(parts, str):

@@ -29,7 +29,7 @@ from rollgym.client import ServerAddress, ServerClient
 from rollgym.rollouts.collector import CollectOptions, Collector
 from rollgym.data.advantages import grpo_advantages
 from rollgym.data.export import DataError, dpo_candidate, dpo_pairs, export_file, grpo_keeps, sft_record
-from rollgym.schema import RunResponse
+from rollgym.schema import RolloutLine, RunResponse
 from rollgym.testing import REPO_ROOT, scripted_backend, serve_in_thread
 
 WEATHER_SYSTEM = "You are a weather assistant. Use the get_weather tool, then answer with the condition and the temperature."
@@ -101,7 +101,8 @@ def real(tmp_path_factory) -> dict[str, Any]:
     assert summary["rollouts"] == 8 and summary["failed"] == 0
     rollouts = [json.loads(line) for line in raw.read_text().splitlines()]
     for rollout in rollouts:
-        RunResponse.model_validate(rollout)
+        line = RolloutLine.model_validate(rollout)  # the format specification's shape
+        assert "output" not in rollout["response"] and line.output and rollout["metadata"]
     # The two reverse_text tasks share a prompt: one group of 4 with rewards 1, 1, 6/7, 6/7.
     regrouped = []
     for rollout in sorted(rollouts, key=lambda r: r["rollout_id"]):
@@ -142,7 +143,7 @@ def weather_rows(real: dict[str, Any], city: str) -> list[dict[str, Any]]:
 
 def test_sft_messages_of_a_real_tool_call_rollout(real: dict[str, Any]) -> None:
     rollout = weather_rows(real, "Paris")[0]
-    call = rollout["response"]["output"][0]
+    call = rollout["output"][0]
     assert rollout["reward"] == 1.0 and call["type"] == "function_call"
     record = sft_record(rollout)
     assert record["messages"] == [

@@ -16,8 +16,9 @@ import httpx
 import pytest
 
 from rollgym import Stack, load_stack
-from rollgym.schema import RunResponse
+from rollgym.schema import RolloutLine
 from rollgym.testing import REPO_ROOT
+from rollgym.data.records import output_items
 
 pytest.importorskip("llama_cpp", reason="the embedded model needs llama-cpp-python (make install builds it)")
 try:
@@ -63,7 +64,7 @@ def collect(registry_file: Path, agent: str, tasks: Path, output: Path, *extra: 
 
 def check_token_records(rollout: dict) -> int:
     """Every model call's record is consistent and each prompt extends the tokens before it."""
-    generated = [item for item in rollout["response"]["output"] if item.get("generation_token_ids") is not None]
+    generated = [item for item in output_items(rollout) if item.get("generation_token_ids") is not None]
     assert generated, "no item carried a token record"
     previous: list[int] | None = None
     for item in generated:
@@ -85,7 +86,7 @@ def test_reverse_text_rollouts_carry_real_tokens(stack, tmp_path: Path) -> None:
                        tmp_path / "rt.jsonl", "--limit", "3", "--repeats", "2", "--max-output-tokens", "16")
     assert len(rollouts) == 6
     for rollout in rollouts:
-        RunResponse.model_validate(rollout)
+        RolloutLine.model_validate(rollout)
         assert rollout["status"] in ("ok", "truncated")
         assert 0.0 <= rollout["reward"] <= 1.0
         assert check_token_records(rollout) == 1
@@ -97,7 +98,7 @@ def test_weather_forced_tool_call_then_answer(stack, tmp_path: Path) -> None:
                        "--limit", "2", "--max-output-tokens", "40", "--param", f"tool_choice={json.dumps(FORCED)}")
     assert len(rollouts) == 2
     for rollout in rollouts:
-        output = rollout["response"]["output"]
+        output = output_items(rollout)
         first_call = output[0]
         assert first_call["type"] == "function_call" and first_call["name"] == "get_weather"
         assert isinstance(json.loads(first_call["arguments"])["city"], str)

@@ -20,8 +20,9 @@ except FileNotFoundError as exc:
     pytest.skip(str(exc), allow_module_level=True)
 
 from rollgym import Stack, load_stack  # noqa: E402
-from rollgym.schema import RunResponse  # noqa: E402
+from rollgym.schema import RolloutLine  # noqa: E402
 from rollgym.testing import REPO_ROOT  # noqa: E402
+from rollgym.data.records import output_items  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -56,10 +57,10 @@ def test_weather_rollouts_carry_token_records_that_extend_each_other(registry_fi
     rollouts = [json.loads(line) for line in output.read_text().splitlines()]
     assert len(rollouts) == 4
     for rollout in rollouts:
-        RunResponse.model_validate(rollout)
+        RolloutLine.model_validate(rollout)
         assert rollout["status"] in ("ok", "max_steps", "truncated"), rollout.get("error")
         assert 0.0 <= rollout["reward"] <= 1.0
-        generated = [item for item in rollout["response"]["output"] if item.get("generation_token_ids") is not None]
+        generated = [item for item in output_items(rollout) if item.get("generation_token_ids") is not None]
         assert generated and generated[0]["generation_forced"][0] == 1  # the forced call's opening
         previous: list[int] | None = None
         for item in generated:
@@ -74,4 +75,4 @@ def test_weather_rollouts_carry_token_records_that_extend_each_other(registry_fi
         assert sequence["prompt_ids"] + sequence["completion_ids"] == previous
         if len(generated) > 1:  # the tool result went in between, as environment tokens
             assert 0 in sequence["completion_mask"]
-    assert any(rollout["metrics"]["turns"] >= 2 for rollout in rollouts), [r["response"]["output"][0].get("content") or r["response"]["output"][0] for r in rollouts]
+    assert any(rollout["metrics"]["turns"] >= 2 for rollout in rollouts), [output_items(r)[0].get("content") or output_items(r)[0] for r in rollouts]

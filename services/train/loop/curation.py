@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ...data.curriculum import CurriculumConfig, select_groups
 from ...data.advantages import AdvantageConfig, group_advantages
-from ...data.records import completion_length, model_token_mask, model_versions
+from ...data.records import completion_length, model_token_mask, model_versions, output_items
 from ...data.export import (
     TOLERANCE, RolloutError, dpo_candidate, dpo_pairs, grpo_keeps, grpo_member, grpo_record, natural_key,
     prompt_messages, rollout_messages,
@@ -136,7 +136,7 @@ def with_segment(sequence: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def tool_failed(rollout: dict[str, Any]) -> bool:
-    for item in (rollout.get("response") or {}).get("output") or []:
+    for item in output_items(rollout):
         if isinstance(item, dict) and item.get("type") == "function_call_output":
             if str(item.get("output", "")).startswith(TOOL_ERROR_PREFIX):
                 return True
@@ -337,7 +337,7 @@ def to_groups(group_id: str, members: list[dict[str, Any]], advantage: Advantage
 def sampling_of(rollout: dict[str, Any]) -> dict[str, Any]:
     """What a rollout's tokens were sampled under: the model server's record on its generated items,
     else the request's parameters, with the logprobs' kind unknown."""
-    for item in (rollout.get("response") or {}).get("output") or []:
+    for item in output_items(rollout):
         if isinstance(item, dict) and isinstance(item.get("sampling"), dict):
             return dict(item["sampling"])
     params = rollout.get("responses_create_params") or {}

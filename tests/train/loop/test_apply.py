@@ -27,6 +27,7 @@ from rollgym.testing import REPO_ROOT
 from rollgym.data.jsonl import read_whole_lines as read_rollouts
 from rollgym.train.loop.epochs import TrainLoop
 from rollgym.train.loop.plan import load_plan
+from rollgym.data.records import output_items
 from tests.conftest import scripted_stack
 
 TOY = "tests.train.toy_trainers"
@@ -66,11 +67,11 @@ def write_plan(tmp_path: Path, registry: dict[str, ServerAddress], epochs: int) 
 
 
 def versions(rollout: dict[str, Any]) -> set[str]:
-    return {item["model_version"] for item in rollout["response"]["output"] if "model_version" in item}
+    return {item["model_version"] for item in output_items(rollout) if "model_version" in item}
 
 
 def answers(rollout: dict[str, Any]) -> str:
-    return " ".join(part.get("text", "") for item in rollout["response"]["output"] if item.get("type") == "message"
+    return " ".join(part.get("text", "") for item in output_items(rollout) if item.get("type") == "message"
                     for part in item.get("content", []))
 
 

@@ -28,6 +28,7 @@ from rollgym.train.loop.curation import to_groups
 from rollgym.train.loop.epochs import TrainLoop
 from rollgym.train.loop.plan import load_plan
 from rollgym.train.trainers.grpo_trainer import sequences_of
+from rollgym.data.records import output_items
 
 TASKS = REPO_ROOT / "resources_servers/weather/data/example.jsonl"
 FOLLOW_UPS = ["And tomorrow?", "Thanks. Once more, please."]
@@ -115,7 +116,7 @@ def test_an_epoch_trains_every_segment_of_rollouts_whose_template_strips_reasoni
 
     records = read_whole_lines(tmp_path / "run" / "epoch-001" / "curated.jsonl")
     for row in ok:
-        calls = [r for r in (token_record(item) for item in row["response"]["output"]) if r is not None]
+        calls = [r for r in (token_record(item) for item in output_items(row)) if r is not None]
         assert len(calls) == 6  # a tool call and an answer per user turn
         sampled = [t for c in calls for t in c.generation]
         mine = sorted((r for r in records if r["rollout_id"] == row["rollout_id"]), key=lambda r: r["segment"])
