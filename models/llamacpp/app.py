@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
@@ -32,6 +32,7 @@ from rollgym.sequences import previous_turn
 from rollgym.server import JSONBytesResponse, read_json
 
 from .attach import LoraError
+from .chat_format import RESERVED_TEMPLATE_VARIABLES, template_source
 from .engine import ContextLengthError, GenerationResult, LlamaEngine, bundled_model_path
 from .generation_queue import GenerationQueue
 from .lora import AdapterError, BaseModelInfo, gguf_lora_path
@@ -47,6 +48,25 @@ class LlamaCppConfig(ServerConfig):
     logprobs_mode: Literal["processed", "raw"] = Field(
         default="processed", description="processed: logprobs of the distribution sampled from (temperature, top-p), "
                                          "what RL trains against; raw: of the model's logits, vLLM's default")
+    chat_template: str | None = Field(
+        default=None, description="the prompt template: a built-in (chatml, qwen3_style), a Jinja file, or the "
+                                  "template text; default: the GGUF's own")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="extra variables of every render, e.g. {enable_thinking: false}")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _known_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            template_source(value)  # a ValueError here names the field
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _free_variables(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if taken := sorted(RESERVED_TEMPLATE_VARIABLES & value.keys()):
+            raise ValueError(f"{', '.join(taken)}: set by the server for every render, not a template option")
+        return value
 
 
 class LlamaCppModel(ModelServer):
@@ -60,8 +80,10 @@ class LlamaCppModel(ModelServer):
         self.model_name = config.model_name or Path(path).stem
         self._base_info: BaseModelInfo | None = None
         # Loading reads ~100 MB: off the event loop.
+        template = template_source(config.chat_template) if config.chat_template else None
         self.engine = await asyncio.to_thread(
-            LlamaEngine, model_path=path, n_ctx=config.n_ctx, n_threads=config.n_threads, seed=config.seed
+            LlamaEngine, model_path=path, n_ctx=config.n_ctx, n_threads=config.n_threads, seed=config.seed,
+            chat_template=template, chat_template_kwargs=config.chat_template_kwargs,
         )
         self.queue = GenerationQueue(self.engine)
 

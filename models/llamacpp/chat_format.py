@@ -1,7 +1,8 @@
 """The chat format of the embedded model: prompt templates and the Hermes tool-call text.
 
-Prompts are rendered with the GGUF's own jinja chat template. Tool-call prompt format, for templates
-without native tool support (SmolLM2's is plain ChatML): the tools are appended to the system message
+Prompts are rendered with the GGUF's own jinja chat template, or the one the server's `chat_template`
+names (:func:`template_source`: a built-in, a file, or the template text). Tool-call prompt format,
+for templates without native tool support (SmolLM2's is plain ChatML): the tools are appended to the system message
 (a new system message is created if there is none) as ``# Tools`` + ``<tools>`` one JSON tool per line
 ``</tools>`` + the instruction to answer with
 ``<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>``.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -38,6 +40,13 @@ CHATML_TEMPLATE = (
 )
 
 END_OF_TURN_TEXTS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+
+# Built-in templates for `chat_template`: plain ChatML, and ChatML that drops earlier reasoning at each
+# new user turn as Qwen3's does (templates/qwen3_style.jinja says how).
+TEMPLATES_DIR = Path(__file__).with_name("templates")
+BUILTIN_TEMPLATES = ("chatml", "qwen3_style")
+# What the server passes to every render: chat_template_kwargs may not set these.
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 # --------------------------------------------------------------------------- templates
@@ -74,6 +83,32 @@ def compile_template(source: str) -> tuple[jinja2.Template, bool]:
     return env.from_string(source), uses_tools
 
 
+def template_source(value: str) -> str:
+    """`chat_template` -> the Jinja source it names: a built-in name (BUILTIN_TEMPLATES), the template
+    text itself (anything with `{{` or `{%`), or the path of a file holding it. ValueError saying which
+    of these `value` is not, or where the template fails to compile."""
+    if value == "chatml":
+        return CHATML_TEMPLATE
+    if value in BUILTIN_TEMPLATES:
+        return (TEMPLATES_DIR / f"{value}.jinja").read_text(encoding="utf-8")
+    if "{{" in value or "{%" in value:
+        source, origin = value, "the template text"
+    else:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{value!r} is no built-in template ({', '.join(BUILTIN_TEMPLATES)}) and no file "
+                             f"({'not found' if not path.exists() else 'not a file'}: {path.resolve()})")
+        try:
+            source, origin = path.read_text(encoding="utf-8"), str(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read {path}: {exc}") from None
+    try:
+        compile_template(source)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"{origin} is no valid Jinja template: {exc.message} (line {exc.lineno})") from None
+    return source
+
+
 # --------------------------------------------------------------------------- forced tool calls
 
 
@@ -107,5 +142,6 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
     return root + "\n" + converter.format_grammar() + "\n"
 
 
-__all__ = ["CHATML_TEMPLATE", "END_OF_TURN_TEXTS", "compile_template", "messages_for_plain_template",
-           "messages_for_tool_template", "tool_call_grammar"]
+__all__ = ["BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "END_OF_TURN_TEXTS", "RESERVED_TEMPLATE_VARIABLES",
+           "compile_template", "messages_for_plain_template", "messages_for_tool_template", "template_source",
+           "tool_call_grammar"]

@@ -191,12 +191,15 @@ class LlamaEngine:
         n_ctx: int = 4096,
         n_threads: int | None = None,
         seed: int = 0,
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         """Load the model.
 
         In: GGUF path (None = bundled SmolLM2-135M-Instruct), context size, CPU
         threads (None = one core less than the machine has, 1 to 4), base seed (requests without a seed draw
-        theirs from a RNG seeded with it, so a whole run is reproducible).
+        theirs from a RNG seeded with it, so a whole run is reproducible), the Jinja source of the chat
+        template (None = the GGUF's own) and extra variables for every render (e.g. enable_thinking).
         """
         self.model_path = model_path or bundled_model_path()
         self.model_name = Path(self.model_path).stem
@@ -230,7 +233,8 @@ class LlamaEngine:
         self.bos_token = self._piece(self.bos_token_id) if self.bos_token_id >= 0 else ""
         self.eos_token = self._piece(self.eos_token_id) if self.eos_token_id >= 0 else ""
         self.eog_token_ids = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
-        self.chat_template_source = metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
+        self.chat_template_source = chat_template or metadata.get("tokenizer.chat_template") or CHATML_TEMPLATE
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._template, self.template_supports_tools = compile_template(self.chat_template_source)
         # The token that closes an assistant turn in the template: prefix deltas are
         # cut at it, and forced tool calls end with it like natural turns do.
@@ -270,7 +274,7 @@ class LlamaEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        """Render chat messages (and tools to advertise) to prompt text with the GGUF template."""
+        """Render chat messages (and tools to advertise) to prompt text with the chat template."""
         if self.template_supports_tools:
             rendered_messages: list[dict[str, Any]] = messages_for_tool_template(messages)
             template_tools = list(tools) if tools else None
@@ -278,6 +282,7 @@ class LlamaEngine:
             rendered_messages = messages_for_plain_template(messages, tools)
             template_tools = None
         return self._template.render(
+            **self.chat_template_kwargs,
             messages=rendered_messages,
             tools=template_tools,
             add_generation_prompt=add_generation_prompt,
