@@ -205,6 +205,9 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
                       loss=LossConfig(mask_low=None, mask_high=None))
     trainer = PolicyTrainer(args, base_model=name)
     trainer.use_model(model)
+    if options.masked_attention and trainer.varlen:  # the SDPA path with a block-diagonal mask, to compare
+        trainer.module.causal().set_attn_implementation("sdpa")
+        trainer.varlen = False
     vocab = trainer.module.causal().config.vocab_size
     batch = synthetic_batch(vocab, options.rollouts, options.prompt, options.completion)
     gap = bf16_gap(trainer, batch[:2]) if finetune == "full" else None
@@ -222,6 +225,15 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
         step()
         times.append(time.perf_counter() - started)
     seconds = sorted(times)[len(times) // 2]  # the median step: a shared machine's other work shows as outliers
+    if options.profile:  # one more step under the profiler: the operators that take the device's time
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        with profile(activities=activities) as profiler:
+            step()
+        sort = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+        print(f"## {name} {finetune}: one step's operators by {sort}")
+        print(profiler.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=60))
     tokens = sum(seq.length for seq in batch)
     peak = peak_flops(device)
     flops = model_flops(trainer.model, batch, full=finetune == "full")
@@ -247,6 +259,8 @@ def step_benchmark(options: argparse.Namespace) -> None:
     makers = {"qwen-1.5b" if options.device == "cuda" else "qwen-tiny": random_model, "bundled": bundled_model}
     card = torch.cuda.get_device_name() if options.device == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     rows = f"packed into rows of {options.seq_len}" if options.seq_len else "one per row"
+    if options.seq_len and options.device == "cuda":
+        rows += ", masked SDPA attention" if options.masked_attention else ", varlen flash attention"
     print(f"# grpo trainer step on {card}: {options.rollouts} rollouts of {options.prompt}+{options.completion} "
           f"tokens, {rows}, micro-batches of {options.micro_batch_tokens} tokens, {options.steps} timed steps "
           f"after {options.warmup} "
@@ -280,6 +294,9 @@ def main(argv: list[str]) -> int:
                         "(default: 3 cuda, 5 cpu)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="print each configuration's top operators")
+    parser.add_argument("--masked-attention", action="store_true",
+                        help="packed rows through SDPA with a block-diagonal mask instead of the varlen kernel")
     parser.add_argument("--threads", type=int)
     options = parser.parse_args(argv)
     if options.device is None:

