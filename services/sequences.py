@@ -200,3 +200,74 @@ def extend_tokens(
     if best_cut is None:
         return None
     return [*prompt, *generation, *full[best_cut:]]
+
+
+# ---------------------------------------------------------------------- segment boundaries
+# A rollout's `sequences` are its segments. Where one begins, `rollgym check-tokens` and the viewer say why
+# from the tokens (`boundary_reason`); an agent that knows its conversations (agents/proxy_agent) also
+# labels each segment with its `conversation` and one of these `segment_reason`s.
+SEGMENT_REASONS = {
+    "new_conversation": "a new conversation: its first message is no earlier segment's (a sub-agent, a parallel "
+                        "call, another prompt)",
+    "history_rewritten": "the same conversation with its history rewritten: it begins as an earlier segment does, "
+                         "then differs (a summary, compaction, truncation)",
+    "tokens_drifted": "the same conversation carried on, but its prompt does not extend the tokens sampled before "
+                      "(the chat template re-rendered an earlier turn, e.g. dropped its reasoning)",
+}
+DIVERGENCE_WINDOW = 6  # tokens shown on each side of a divergence
+
+
+@dataclass
+class Divergence:
+    """Where a prompt stops extending the tokens before it, with the decoded tokens around that point on
+    both sides (`|` before the first differing token)."""
+
+    index: int
+    expected_len: int
+    actual_len: int
+    expected: str
+    actual: str
+
+
+def divergence_span(at: int) -> tuple[int, int]:
+    """The [start, end) of the tokens shown around a divergence at `at` (on both sides)."""
+    return max(0, at - DIVERGENCE_WINDOW), at + DIVERGENCE_WINDOW
+
+
+def make_divergence(expected: Sequence[int], actual: Sequence[int], at: int,
+                    expected_pieces: list[str], actual_pieces: list[str]) -> Divergence:
+    """The Divergence at `at`, given the decoded pieces of both sides' `divergence_span(at)` (each piece
+    as it should be shown: `repr` of the text, or `#id` when nothing decodes)."""
+    lo, hi = divergence_span(at)
+    return Divergence(at, len(expected), len(actual), _window(expected_pieces, at - lo, lo > 0, hi < len(expected)),
+                      _window(actual_pieces, at - lo, lo > 0, hi < len(actual)))
+
+
+def _window(pieces: list[str], mark: int, more_left: bool, more_right: bool) -> str:
+    left = " ".join(pieces[:mark])
+    right = " ".join(pieces[mark:])
+    return f"{'… ' if more_left else ''}{left} | {right}{' …' if more_right else ''}".strip()
+
+
+def boundary_reason(previous_prompt_tokens: int, divergence: Divergence) -> str:
+    """Why a call's prompt stops extending the previous call's tokens, read from where it diverges:
+    at the end of the new prompt (it goes back to an earlier point), inside the previous answer (the
+    template wrote it back differently), or in the history before the previous answer (the context
+    was rewritten, or the call belongs to another conversation)."""
+    at, windows = divergence.index, divergence.expected + " " + divergence.actual
+    if at == divergence.actual_len:
+        return ("the prompt stops inside the previous tokens: it goes back to an earlier point of the conversation "
+                "(a retry or a branch)")
+    if at >= previous_prompt_tokens:
+        # The first previous token the prompt lacks, as decoded (a repr'd piece, or `#id` without /detokenize).
+        missing = divergence.expected.partition(" | ")[2].lstrip("'\"")
+        if missing.startswith("<think>"):
+            return ("the previous answer's reasoning is not in the history (the chat template drops earlier "
+                    "<think> blocks, as Qwen3's does once a new user turn follows)")
+        if "tool_call" in windows or "TOOL_CALLS" in windows or "tool▁call" in windows:
+            return "the previous answer's tool call was written back differently (the chat template re-serialised it)"
+        return ("the previous answer was written back differently, not as sampled (re-rendered or re-tokenized "
+                f"from token {at - previous_prompt_tokens} of the answer)")
+    return (f"the history before the previous answer changed after {at} of its {previous_prompt_tokens} tokens: the "
+            "agent rewrote its context (a summary, compaction, truncation) or this call is another conversation "
+            "(a sub-agent)")

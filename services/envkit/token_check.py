@@ -35,22 +35,12 @@ from ..client import ServerAddress, ServerCallError, ServerClient, load_registry
 from ..config import StackConfig, load_stack, split_configs
 from ..data.jsonl import JsonlError, read_jsonl
 from ..statuses import FAILURE_STATUSES
-from ..sequences import TokenRecord, common_prefix_length, first_divergence, token_record
-
-WINDOW = 6  # tokens shown on each side of a divergence
+from ..sequences import (Divergence, TokenRecord, boundary_reason, common_prefix_length, divergence_span,
+                         first_divergence, make_divergence, token_record)
 
 
 class CheckUsageError(Exception):
     """A command-line mistake (reported as a usage error)."""
-
-
-@dataclass
-class Divergence:
-    index: int
-    expected_len: int
-    actual_len: int
-    expected: str  # decoded tokens around the mismatch, `|` before the first differing token
-    actual: str
 
 
 @dataclass
@@ -180,10 +170,9 @@ class TokenChecker:
         return report
 
     async def divergence(self, expected: list[int], actual: list[int], at: int) -> Divergence:
-        lo = max(0, at - WINDOW)
-        left, right = await asyncio.gather(self.pieces(expected[lo: at + WINDOW]), self.pieces(actual[lo: at + WINDOW]))
-        return Divergence(at, len(expected), len(actual), _window(left, at - lo, lo > 0, at + WINDOW < len(expected)),
-                          _window(right, at - lo, lo > 0, at + WINDOW < len(actual)))
+        lo, hi = divergence_span(at)
+        left, right = await asyncio.gather(self.pieces(expected[lo:hi]), self.pieces(actual[lo:hi]))
+        return make_divergence(expected, actual, at, left, right)
 
     async def pieces(self, ids: list[int]) -> list[str]:
         """Each token's text, through the model server's /detokenize; the ids themselves if it has none."""
@@ -234,36 +223,6 @@ class TokenChecker:
         report.retokenize_divergence = await self.divergence(sampled, tokens, shared)
         report.retokenize = (f"differs from the sampled ids at token {shared} of {len(sampled)} "
                              f"(re-rendered: {len(tokens)} tokens)")
-
-
-def boundary_reason(previous_prompt_tokens: int, divergence: Divergence) -> str:
-    """Why a call's prompt stops extending the previous call's tokens, read from where it diverges:
-    at the end of the new prompt (it goes back to an earlier point), inside the previous answer (the
-    template wrote it back differently), or in the history before the previous answer (the context
-    was rewritten, or the call belongs to another conversation)."""
-    at, windows = divergence.index, divergence.expected + " " + divergence.actual
-    if at == divergence.actual_len:
-        return ("the prompt stops inside the previous tokens: it goes back to an earlier point of the conversation "
-                "(a retry or a branch)")
-    if at >= previous_prompt_tokens:
-        # The first previous token the prompt lacks, as decoded (a repr'd piece, or `#id` without /detokenize).
-        missing = divergence.expected.partition(" | ")[2].lstrip("'\"")
-        if missing.startswith("<think>"):
-            return ("the previous answer's reasoning is not in the history (the chat template drops earlier "
-                    "<think> blocks, as Qwen3's does once a new user turn follows)")
-        if "tool_call" in windows or "TOOL_CALLS" in windows or "tool▁call" in windows:
-            return "the previous answer's tool call was written back differently (the chat template re-serialised it)"
-        return ("the previous answer was written back differently, not as sampled (re-rendered or re-tokenized "
-                f"from token {at - previous_prompt_tokens} of the answer)")
-    return (f"the history before the previous answer changed after {at} of its {previous_prompt_tokens} tokens: the "
-            "agent rewrote its context (a summary, compaction, truncation) or this call is another conversation "
-            "(a sub-agent)")
-
-
-def _window(pieces: list[str], mark: int, more_left: bool, more_right: bool) -> str:
-    left = " ".join(pieces[:mark])
-    right = " ".join(pieces[mark:])
-    return f"{'… ' if more_left else ''}{left} | {right}{' …' if more_right else ''}".strip()
 
 
 # ---------------------------------------------------------------------- reporting
