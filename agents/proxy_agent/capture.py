@@ -7,7 +7,8 @@ tokens it sampled (no re-tokenisation drift). After the rollout, `sequences` gro
 token chains: a call whose prompt extends a chain joins it; one that does not starts a new chain.
 A new chain is a legitimate branch (parallel calls, a sub-agent, another prompt) unless its
 conversation continues an earlier call's conversation; then the tokens drifted and that sequence
-says `prefix_ok: false`.
+says `prefix_ok: false`. Each sequence (a segment of the rollout) is labelled with the `conversation`
+it belongs to and why it began (`segment_reason`, `rollgym.sequences.SEGMENT_REASONS`).
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class Capture:
         """
         chains: list[list[Call]] = []
         drifted: list[bool] = []
+        labels: list[tuple[int, str | None]] = []  # each chain's (conversation, segment_reason)
         for call in self.calls:
             record = call.record
             if record is None:
@@ -158,14 +160,50 @@ class Capture:
             # A new chain: a branch, or drift if the agent carried on an earlier call's conversation.
             continues = any(call.input_signatures[: len(chain[-1].conversation)] == chain[-1].conversation
                             for chain in chains)
+            labels.append(_label(call, chains, labels, continues))
             chains.append([call])
             drifted.append(continues)
         if not chains:
             return [], None
         result = []
-        for chain, drift in zip(chains, drifted):
+        for chain, drift, (conversation, reason) in zip(chains, drifted, labels):
             merged, _ = merge_sequences([item for call in chain for item in call.output])
             sequence = merged[0]
-            sequence["prefix_ok"] = not drift
+            sequence.update(prefix_ok=not drift, conversation=conversation, segment_reason=reason)
             result.append(sequence)
         return result, not any(drifted)
+
+
+def _label(call: Call, chains: list[list[Call]], labels: list[tuple[int, str | None]],
+           continues: bool) -> tuple[int, str | None]:
+    """The conversation a new chain belongs to and why it is a new segment (`rollgym.sequences.SEGMENT_REASONS`).
+
+    Its conversation is the earlier chain's whose messages it begins with: all of them (it carries that
+    conversation on, but not its tokens: `tokens_drifted`) or some (the agent rewrote the history after
+    them: `history_rewritten`, e.g. a summary in place of earlier turns). One that shares not even its
+    first message with any earlier chain is a conversation of its own (`new_conversation`: a sub-agent,
+    a parallel call). The first chain is conversation 0, with no reason.
+    """
+    if not chains:
+        return 0, None
+    given = call.input_signatures
+    best: tuple[int, int] | None = None  # (shared leading messages, chain index)
+    for index, chain in enumerate(chains):
+        for earlier in chain:
+            known = earlier.conversation
+            shared = _shared_prefix(given, known)
+            if continues and shared == len(known) or not continues and shared:
+                if best is None or shared > best[0]:
+                    best = (shared, index)
+    if best is None:
+        return max(conversation for conversation, _ in labels) + 1, "new_conversation"
+    return labels[best[1]][0], "tokens_drifted" if continues else "history_rewritten"
+
+
+def _shared_prefix(a: list[Signature], b: list[Signature]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -9,6 +9,7 @@ import numpy as np
 from ..data.advantages import grpo_advantages
 from ..data.records import output_items
 from .index import environment_of, model_version_of
+from .segments import Pieces, id_pieces, segment_start
 from .tokens import Vocabulary
 
 
@@ -58,19 +59,22 @@ def group_view(group_id: str, rows: list[tuple[int, dict[str, Any]]]) -> dict[st
 
 def token_view(row: dict[str, Any], vocabulary: Vocabulary | None) -> dict[str, Any]:
     """Each sequence's tokens for the page: ids, text pieces when the vocabulary is the rollout's,
-    sampling logprobs, mask, where each model turn starts, and the model version of each turn."""
+    sampling logprobs, mask, where each model turn starts, the model version of each turn, and where the
+    segment begins and why (`start`: `segments.segment_start`)."""
     sequences = row.get("sequences") if isinstance(row.get("sequences"), list) else []
     response = row.get("response") if isinstance(row.get("response"), dict) else {}
     model = response.get("model")
     decode = vocabulary is not None and vocabulary.applies_to(model)
     views, malformed = [], 0
-    for sequence in sequences:
+    for index, sequence in enumerate(sequences):
         view = _sequence_view(sequence)
         if view is None:
             malformed += 1
             continue
         view["prompt_text"] = vocabulary.pieces(view["prompt_ids"]) if decode else None
         view["completion_text"] = vocabulary.pieces(view["completion_ids"]) if decode else None
+        view["start"] = segment_start(index, sequence, view, views[-1] if views else None,
+                                      _shown_pieces(vocabulary) if decode else id_pieces)
         views.append(view)
     reason = None
     if not sequences:
@@ -87,6 +91,13 @@ def token_view(row: dict[str, Any], vocabulary: Vocabulary | None) -> dict[str, 
             + (f"; {reason}" if reason else "")
     return {"sequences": views, "prefix_ok": row.get("prefix_ok"), "decoded": decode and not vocabulary.error,
             "note": reason}
+
+
+def _shown_pieces(vocabulary: Vocabulary) -> Pieces:
+    def shown(ids: list[int]) -> list[str]:
+        pieces = vocabulary.pieces(ids)
+        return [repr(piece) for piece in pieces] if pieces is not None else id_pieces(ids)
+    return shown
 
 
 def _sequence_view(sequence: Any) -> dict[str, Any] | None:

@@ -344,7 +344,9 @@ function conversation(row) {
   if (params.instructions) box.append(message("system", "instructions", el("pre", { text: params.instructions })));
   const input = typeof params.input === "string" ? [{ role: "user", content: params.input }]
     : Array.isArray(params.input) ? params.input : [];
-  const output = row.response && Array.isArray(row.response.output) ? row.response.output : [];
+  // A rollouts file's line has its output items at the top (`output`); /run's answer, and older lines, in `response`
+  const output = Array.isArray(row.output) ? row.output
+    : row.response && Array.isArray(row.response.output) ? row.response.output : [];
   for (const item of [...input, ...output]) box.append(renderItem(item && typeof item === "object" ? item : { type: "unknown", value: item }));
   return box;
 }
@@ -390,10 +392,11 @@ function tokenSequences(tokens) {
     el("span", { class: "swatch", style: `background:${tokenColour(0)}` }), "1",
     el("span", { class: "tok env", text: " environment (mask 0) " }), el("span", { class: "turn", text: "turn" }), "model turn starts"));
   if (tokens.note) box.append(el("p", { class: "muted", text: tokens.note }));
+  const several = tokens.sequences.length > 1;
   tokens.sequences.forEach((seq, s) => {
-    if (s > 0) box.append(el("div", { class: "break",
-      text: "prefix break: this turn's prompt did not extend the tokens above, so a new sequence starts" }));
-    const prompt = el("details", {}, el("summary", { text: `sequence ${s + 1}: prompt, ${seq.prompt_ids.length} tokens` }),
+    const name = several ? `segment ${s + 1}` : "sequence 1";
+    if (several) box.append(segmentStart(seq.start || {}, name));
+    const prompt = el("details", {}, el("summary", { text: `${name}: prompt, ${seq.prompt_ids.length} tokens` }),
       el("div", { class: "tokens" }, seq.prompt_ids.map((id, i) => el("span", { class: "tok prompt", title: `id ${id}`,
         text: seq.prompt_text ? visible(seq.prompt_text[i]) : `${id} ` }))));
     const starts = new Set(seq.turn_starts);
@@ -413,8 +416,20 @@ function tokenSequences(tokens) {
         title: sampled ? `id ${id}  logprob ${fmt(logprob, 4)}  p ${fmt(Math.exp(logprob), 3)}` : `id ${id}  (environment)`,
         text: piece }));
     });
-    box.append(prompt, el("h3", { text: `sequence ${s + 1}: completion, ${seq.completion_ids.length} tokens` }), completion);
+    box.append(prompt, el("h3", { text: `${name}: completion, ${seq.completion_ids.length} tokens` }), completion);
   });
+  return box;
+}
+
+// Where a segment begins: its conversation, and why it is a new segment (the agent's label, what the tokens show)
+function segmentStart(start, name) {
+  const conversation = start.conversation === null || start.conversation === undefined ? "" : ` · conversation ${start.conversation}`;
+  if (!start.index) return el("div", { class: "segment first", text: `${name}${conversation}` });
+  const why = start.reason_text || start.tokens || "its prompt did not extend the tokens above";
+  const box = el("div", { class: "segment" }, el("div", { class: "segment-head", text: `${name}${conversation} began: ${why}` }));
+  if (start.reason_text && start.tokens) box.append(el("div", { class: "muted", text: `tokens: ${start.tokens}` }));
+  if (start.divergence) box.append(el("pre", { class: "divergence",
+    text: `at token ${start.divergence.index}\nabove: ${start.divergence.above}\nthis:  ${start.divergence.this}` }));
   return box;
 }
 
@@ -423,7 +438,7 @@ async function pageRollout(runId, line) {
   const data = await api(`api/runs/${runId}/rollouts/${line}`);
   const row = data.rollout;
   const known = new Set(["responses_create_params", "response", "reward", "reward_components", "status", "error",
-    "metrics", "sequences", "prefix_ok", "rollout_id", "group_id"]);
+    "metrics", "sequences", "prefix_ok", "rollout_id", "group_id", "output"]);
   const details = Object.fromEntries(Object.entries(row).filter(([k]) => !known.has(k)));
   const components = row.reward_components || {};
   const head = el("div", { class: "card" },
