@@ -52,6 +52,22 @@ class Verdict:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+# A tool's reward for the call it answered (turn-level credit) travels in this header beside its output,
+# so the output the model reads is the same with or without one; the agent records it on the
+# function_call_output item as `reward`.
+TOOL_REWARD_HEADER = "x-rollgym-reward"
+
+
+@dataclass
+class Rewarded:
+    """What a tool returns to give the call a reward: its output (text or JSON, as a plain return) and
+    the reward of this step (`curate.advantage: {type: return_to_go}` credits it to the model turn
+    that made the call)."""
+
+    output: Any
+    reward: float
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
@@ -72,7 +88,7 @@ def tool(func: Callable | None = None, *, name: str | None = None, description: 
 
     The args model validates the call's JSON arguments (a 422 names the bad field); the method's
     docstring is the tool's description unless one is given. What it returns is the tool output:
-    a string is sent as text, anything else as JSON.
+    a string is sent as text, anything else as JSON; `Rewarded(output, reward)` adds a step reward.
     """
 
     def mark(method: Callable) -> Callable:
@@ -176,9 +192,12 @@ class ResourcesServer(BaseServer):
             args = parse_body(spec.args_model, await read_json(request))
             async with self.session_state(session_id) as state:
                 result = await method(args, state)
+            headers = None
+            if isinstance(result, Rewarded):
+                result, headers = result.output, {TOOL_REWARD_HEADER: repr(float(result.reward))}
             if isinstance(result, str):
-                return JSONBytesResponse(result.encode(), media_type="text/plain; charset=utf-8")
-            return JSONBytesResponse(result)
+                return JSONBytesResponse(result.encode(), media_type="text/plain; charset=utf-8", headers=headers)
+            return JSONBytesResponse(result, headers=headers)
 
         return call_tool
 

@@ -26,7 +26,7 @@ from rollgym import (
     ServerConfig,
     ServerRef,
 )
-from rollgym.resources import RESERVED_ROUTES
+from rollgym.resources import RESERVED_ROUTES, TOOL_REWARD_HEADER
 from rollgym.sequences import merge_sequences
 
 TOOL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
@@ -153,8 +153,9 @@ class SimpleAgent(AgentServer):
             if not calls:
                 return
             for call in calls:
-                output = await self._tool_call(call, cookies, loop)
-                loop.outputs.append({"type": "function_call_output", "call_id": call.get("call_id"), "output": output})
+                output, reward = await self._tool_call(call, cookies, loop)
+                item = {"type": "function_call_output", "call_id": call.get("call_id"), "output": output}
+                loop.outputs.append(item if reward is None else {**item, "reward": reward})
             if config.reset_tool_choice and tool_choice not in (None, "auto", "none"):
                 tool_choice = "auto"
 
@@ -186,24 +187,29 @@ class SimpleAgent(AgentServer):
         loop.output_tokens += int(usage.get("output_tokens") or 0)
         return response
 
-    async def _tool_call(self, call: dict[str, Any], cookies: dict[str, str], loop: Loop) -> str:
-        """The tool's output text; model mistakes become an explanatory output, not a failure."""
+    async def _tool_call(self, call: dict[str, Any], cookies: dict[str, str], loop: Loop) -> tuple[str, float | None]:
+        """The tool's output text and the step reward it gave, if any; model mistakes become an
+        explanatory output, not a failure."""
         name = str(call.get("name") or "")
         loop.tool_calls += 1
         if not TOOL_NAME.match(name) or name in RESERVED_ROUTES:
-            return f"Error: unknown tool '{name}'."
+            return f"Error: unknown tool '{name}'.", None
         try:
             arguments = orjson.loads(call.get("arguments") or "{}")
         except orjson.JSONDecodeError as exc:
-            return f"Error: the arguments of {name} are not valid JSON ({exc}). Send a JSON object."
+            return f"Error: the arguments of {name} are not valid JSON ({exc}). Send a JSON object.", None
         if not isinstance(arguments, dict):
-            return f"Error: the arguments of {name} must be a JSON object, not {type(arguments).__name__}."
+            return f"Error: the arguments of {name} must be a JSON object, not {type(arguments).__name__}.", None
         reply = await self._env_call(f"/{name}", arguments, cookies, loop, tool=True)
         if reply.status in (404, 405):  # no such route, or a route that is not a tool (GET /docs)
-            return f"Error: unknown tool '{name}'."
+            return f"Error: unknown tool '{name}'.", None
         if 400 <= reply.status < 500:
-            return f"Error: invalid arguments for {name}: {reply.error_message()}"
-        return reply.text
+            return f"Error: invalid arguments for {name}: {reply.error_message()}", None
+        try:  # a step reward the environment gave (rollgym.resources.Rewarded); a malformed one is none
+            reward = float(reply.headers[TOOL_REWARD_HEADER]) if TOOL_REWARD_HEADER in reply.headers else None
+        except ValueError:
+            reward = None
+        return reply.text, reward
 
     async def _env_call(self, path: str, body: Any, cookies: dict[str, str], loop: Loop, tool: bool = False) -> Any:
         """A resources-server call; 5xx/unreachable/timeout (and 4xx outside tools) fail the rollout."""

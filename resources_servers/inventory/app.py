@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 
 from rollgym import ResourcesServer, RunRequest, Verdict, tool
+from rollgym.resources import ResourcesServerConfig, Rewarded
 
 MAX_QUANTITY = 1_000_000
 
@@ -193,36 +194,60 @@ def inventory_reward(stock: dict[str, dict[str, int]], target: dict[str, dict[st
 # --- the server ----------------------------------------------------------------------------------
 
 
+class InventoryConfig(ResourcesServerConfig):
+    step_rewards: bool = Field(default=False, description="answer each tool call with a step reward: the "
+                               "change it made to the fraction of target entries matched")
+
+
 class InventoryServer(ResourcesServer):
     task_model = InventoryTask
+    config_class = InventoryConfig
 
     async def seed(self, task: InventoryTask, state: dict[str, Any]) -> None:
         state.update(new_world(task))
+        state["target"] = task.target  # what a step reward measures progress toward
+
+    def _step(self, state: dict[str, Any], output: Any, before: float) -> Any:
+        """The tool's output, with `step_rewards` the progress it made: Δ of the verify reward's fraction
+        (potential-based shaping: a rollout's step rewards add up to its final fraction minus its first)."""
+        if not getattr(self.config, "step_rewards", False):
+            return output
+        return Rewarded(output, self._progress(state) - before)
+
+    def _progress(self, state: dict[str, Any]) -> float:
+        world = world_of(state)
+        return inventory_reward(world["stock"], state["target"])[0] if "target" in world else 0.0
 
     @tool
     async def list_inventory(self, args: ListInventoryArgs, state: dict[str, Any]) -> Any:
         """List the stock of one location, or of every location when none is given."""
-        return list_inventory(world_of(state), args.location)
+        before = self._progress(state)
+        return self._step(state, list_inventory(world_of(state), args.location), before)
 
     @tool
-    async def add_item(self, args: AddItemArgs, state: dict[str, Any]) -> str:
+    async def add_item(self, args: AddItemArgs, state: dict[str, Any]) -> Any:
         """Add a quantity of an item to a location's stock."""
-        return add_item(world_of(state), args.location, args.item, args.quantity)
+        before = self._progress(state)
+        return self._step(state, add_item(world_of(state), args.location, args.item, args.quantity), before)
 
     @tool
-    async def remove_item(self, args: RemoveItemArgs, state: dict[str, Any]) -> str:
+    async def remove_item(self, args: RemoveItemArgs, state: dict[str, Any]) -> Any:
         """Remove a quantity of an item from a location's stock (fails if there is not enough)."""
-        return remove_item(world_of(state), args.location, args.item, args.quantity)
+        before = self._progress(state)
+        return self._step(state, remove_item(world_of(state), args.location, args.item, args.quantity), before)
 
     @tool
-    async def transfer(self, args: TransferArgs, state: dict[str, Any]) -> str:
+    async def transfer(self, args: TransferArgs, state: dict[str, Any]) -> Any:
         """Move a quantity of an item from one location to another."""
-        return transfer(world_of(state), args.item, args.quantity, args.from_location, args.to_location)
+        before = self._progress(state)
+        output = transfer(world_of(state), args.item, args.quantity, args.from_location, args.to_location)
+        return self._step(state, output, before)
 
     @tool
-    async def place_order(self, args: PlaceOrderArgs, state: dict[str, Any]) -> str:
+    async def place_order(self, args: PlaceOrderArgs, state: dict[str, Any]) -> Any:
         """Order new stock of an item, delivered to a location."""
-        return place_order(world_of(state), args.item, args.quantity, args.location)
+        before = self._progress(state)
+        return self._step(state, place_order(world_of(state), args.item, args.quantity, args.location), before)
 
     async def verify(self, request: InventoryTask, state: dict[str, Any]) -> Verdict:
         world = world_of(state)

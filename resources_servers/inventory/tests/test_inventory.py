@@ -306,3 +306,37 @@ def test_200_parallel_sessions_sqlite_store_two_workers(tmp_path: Path) -> None:
         assert len(reopened) == 200
     finally:
         reopened.close()
+
+
+def test_step_rewards_are_the_progress_of_each_call() -> None:
+    """step_rewards: true answers each call with the change in the fraction of matched entries (header
+    x-rollgym-reward), the output text unchanged; they add up to the last fraction minus the first. Off
+    (the default, the `http` fixture's server), no call carries one."""
+    from resources_servers.inventory.app import InventoryConfig
+    from rollgym.resources import TOOL_REWARD_HEADER
+
+    row = ROWS[0]  # starts at 0.25 (warehouse pear 2 already right)
+    steps = [("list_inventory", {}, 0.0),
+             ("transfer", {"item": "apple", "quantity": 3, "from_location": "warehouse", "to_location": "store"}, 0.5),
+             # an order for the wrong location breaks the matched warehouse/pear entry
+             ("place_order", {"item": "pear", "quantity": 5, "location": "warehouse"}, -0.25),
+             ("remove_item", {"location": "warehouse", "item": "pear", "quantity": 50}, 0.0)]  # refused: no change
+    with serve_in_thread(InventoryServer(InventoryConfig(step_rewards=True), name="inventory")) as url, \
+            httpx.Client(base_url=url) as client:
+        assert client.post("/seed_session", json=row).status_code == 200
+        rewards = []
+        for name, args, expected in steps:
+            reply = call(client, name, args)
+            rewards.append(float(reply.headers[TOOL_REWARD_HEADER]))
+            assert rewards[-1] == pytest.approx(expected), name
+        assert call(client, "transfer", steps[1][1]).text.startswith("Moved 3 apple")
+        final = verify(client, row)["reward"]
+    assert 0.25 + sum(rewards) == pytest.approx(0.5) and final == pytest.approx(0.0)  # the last transfer broke both
+
+
+def test_without_step_rewards_no_call_carries_one(http: httpx.Client) -> None:
+    from rollgym.resources import TOOL_REWARD_HEADER
+
+    assert http.post("/seed_session", json=ROWS[0]).status_code == 200
+    reply = call(http, "transfer", {"item": "apple", "quantity": 3, "from_location": "warehouse", "to_location": "store"})
+    assert TOOL_REWARD_HEADER not in reply.headers
