@@ -30,8 +30,9 @@ __all__ = [
     "responses_to_chat_request",
 ]
 
-# Sampling keys copied verbatim from Responses params to the chat request (when not None).
-PASSTHROUGH_KEYS = ("temperature", "top_p", "parallel_tool_calls", "seed", "stop")
+# Sampling keys copied verbatim from Responses params to the chat request (when not None); min_tokens and
+# repetition_penalty are vLLM's and SGLang's, refused by a model server that does not apply them (rollgym.model).
+PASSTHROUGH_KEYS = ("temperature", "top_p", "parallel_tool_calls", "seed", "stop", "min_tokens", "repetition_penalty")
 
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"

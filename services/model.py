@@ -23,10 +23,33 @@ from .server import BadRequest, BaseServer, JSONBytesResponse, parse_body, read_
 from .streaming import stream_chat_completion, stream_response, wants_usage
 
 
+# Sampling knobs beyond the Responses API's, with their neutral values. A server lists in `applies` those its
+# sampler honours; a request that sets another is refused (422 naming it) rather than sampled without it
+# under a record that says otherwise.
+SAMPLING_KNOBS: dict[str, float] = {"min_tokens": 0, "repetition_penalty": 1.0}
+
+
+def sampling_knob_problem(payload: dict[str, Any], applies: frozenset[str], server: str) -> None:
+    """BadRequest naming the first sampling knob of `payload` that is malformed or that the server cannot apply."""
+    for key, neutral in SAMPLING_KNOBS.items():
+        value = payload.get(key)
+        if value is None:
+            continue
+        if key == "min_tokens" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise BadRequest("must be a non-negative integer", field=key)
+        if key == "repetition_penalty" and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                            or value <= 0):
+            raise BadRequest("must be a number above 0", field=key)
+        if float(value) != neutral and key not in applies:
+            raise BadRequest(f"model server {server!r} does not apply {key}; send it to one that does "
+                             "(chat_completions in front of vLLM or SGLang)", field=key)
+
+
 class ModelServer(BaseServer):
     """Base of every model server."""
 
     role: ClassVar[str] = "models"
+    applies: ClassVar[frozenset[str]] = frozenset()  # which SAMPLING_KNOBS the server's sampler honours
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -105,6 +128,7 @@ class ModelServer(BaseServer):
         async def responses(request: Request) -> Response:
             payload = await read_json(request)
             params = parse_body(ResponsesCreateParams, payload)
+            sampling_knob_problem(payload, self.applies, self.name)
             stream = payload.pop("stream", None)
             if stream not in (None, True, False):
                 raise BadRequest("must be a boolean", field="stream")
@@ -119,6 +143,7 @@ class ModelServer(BaseServer):
             payload = await read_json(request)
             if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
                 raise BadRequest("required: a list of chat messages", field="messages")
+            sampling_knob_problem(payload, self.applies, self.name)
             stream = payload.pop("stream", None)
             if stream not in (None, True, False):
                 raise BadRequest("must be a boolean", field="stream")
@@ -166,9 +191,12 @@ def sampling_record(payload: dict[str, Any], logprobs_mode: str) -> dict[str, An
     which distribution their logprobs belong to: what a trainer needs to compute the same logprobs."""
     temperature = payload.get("temperature")
     top_p = payload.get("top_p")
-    return {"temperature": 1.0 if temperature is None else float(temperature),
-            "top_p": 1.0 if top_p is None else float(top_p), "top_k": int(payload.get("top_k") or 0),
-            "logprobs": logprobs_mode}
+    record = {"temperature": 1.0 if temperature is None else float(temperature),
+              "top_p": 1.0 if top_p is None else float(top_p), "top_k": int(payload.get("top_k") or 0),
+              "logprobs": logprobs_mode}
+    record.update({key: payload[key] for key, neutral in SAMPLING_KNOBS.items()  # set: the server applied them
+                   if payload.get(key) is not None and float(payload[key]) != neutral})
+    return record
 
 
 def stamp_sampling(output: list[dict[str, Any]], sampling: dict[str, Any]) -> None:

@@ -97,17 +97,18 @@ class ChatCompletionsConfig(ServerConfig):
 # generation_config (e.g. its repetition_penalty or top_k), and the tokens would not be sampled under
 # what their items record.
 NEUTRAL_SAMPLING: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                                      "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+                                      "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                                      "min_tokens": 0}
 
 
 def applied_sampling(request: dict[str, Any], logprobs_mode: str) -> dict[str, Any]:
     """The sampling record of what the backend was sent (extra_body included, after pinning): temperature,
-    top_p, top_k (0: off) and the logprobs mode, plus min_p and the penalties wherever they are not neutral."""
+    top_p, top_k (0: off) and the logprobs mode, plus min_p, the penalties and min_tokens wherever not neutral."""
     record: dict[str, Any] = {"temperature": float(request["temperature"]), "top_p": float(request["top_p"]),
                               "top_k": max(0, int(request["top_k"])), "logprobs": logprobs_mode}
-    for key in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+    for key in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"):
         if float(request[key]) != NEUTRAL_SAMPLING[key]:
-            record[key] = float(request[key])
+            record[key] = int(request[key]) if key == "min_tokens" else float(request[key])
     return record
 
 
@@ -131,6 +132,7 @@ def context_length_turn() -> Turn:
 class ChatCompletionsModel(ModelServer):
     config_class = ChatCompletionsConfig
     config: ChatCompletionsConfig
+    applies = frozenset({"min_tokens", "repetition_penalty"})  # the backends (vLLM, SGLang) sample under them
 
     def __init__(self, config: ChatCompletionsConfig | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)

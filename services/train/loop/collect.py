@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ...client import ServerClient
 from ...data.jsonl import read_whole_lines
+from ...data.sampling import params_at, temperature_schedule
 from ...rollouts.collector import CollectOptions, Collector
 from .apply import Serving
 from .errors import TrainError
@@ -55,9 +56,15 @@ class Collections:
         """The collect phase of an epoch: the stage's tasks (of its curriculum level) into rollouts.jsonl."""
         if stage.collect is None:  # a replay-only stage trains offline
             return {"rollouts": 0, "failed": 0, "replay": list(stage.replay)}
+        # A temperature schedule runs over the stage's epochs: its first at the start, its last at the end.
+        step = [each.name for _, each in self.plan.epochs()][: epoch - 1].count(stage.name)
+        params = params_at(stage.collect.params, step, stage.epochs - 1)
         options = self.options(Path(stage.collect.files[level]), folder / "rollouts.jsonl",
-                               repeats=stage.collect.repeats, limit=stage.collect.limit, params=stage.collect.params)
-        return self.run(options, f"epoch {epoch} collect")
+                               repeats=stage.collect.repeats, limit=stage.collect.limit, params=params)
+        summary = self.run(options, f"epoch {epoch} collect")
+        if temperature_schedule(stage.collect.params) is not None:
+            summary["temperature"] = params["temperature"]
+        return summary
 
     def run(self, options: CollectOptions, label: str, agent: str | None = None) -> dict[str, Any]:
         """One collection; its summary (rollouts, groups, failed, mean reward, pass@k, statuses)."""

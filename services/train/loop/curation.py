@@ -2,10 +2,13 @@
 
 Filters run in this order (each one optional, from the plan's `curate` section):
 stale (model_version is not the one being trained) → failed (no reward) → no usable token sequence →
-tool errors (`tool_success_only`) → the curriculum (`rollgym.curriculum`, evaluated at the loop's
+tool errors (`tool_success_only`) → `filters` (degenerate generations, `rollgym.data.rollout_filters`: every
+flag counted, an `enforce`d one keeps the rollout out of training) → the curriculum (`rollgym.curriculum`, evaluated at the loop's
 epoch, on whole groups) → `min_reward` → `min_reward_spread` per group → `top_k_per_group` →
 `dedupe_prompts`.
-Then one transform: `to_sft` (one record per segment), `to_preferences` (chosen/rejected pairs of a
+A rollout an enforced filter flags is dropped there, except for groups: it stays in its group so that the
+group's advantages are those of every rollout sampled (as Surogate masks it), and leaves only the trained
+rollouts. Then one transform: `to_sft` (one record per segment), `to_preferences` (chosen/rejected pairs of a
 group, `export.dpo_pairs`), `to_groups` (GRPO groups with advantages, `export.grpo_record`).
 
 A rollout's `sequences` are its segments: each a prefix-consistent run of its model calls (a new one
@@ -29,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...data.curriculum import CurriculumConfig, select_groups
 from ...data.advantages import AdvantageConfig, group_advantages
 from ...data.records import completion_length, model_token_mask, model_versions, output_items
+from ...data.rollout_filters import RolloutFilter, flagged_by
 from ...data.export import (
     TOLERANCE, RolloutError, dpo_candidate, dpo_pairs, grpo_keeps, grpo_member, grpo_record, natural_key,
     prompt_messages, rollout_messages,
@@ -60,6 +64,9 @@ class CurateConfig(BaseModel):
     segments: SegmentMode = Field(
         default="all", description="a rollout with several token sequences (segments): train all, the last, "
                                    "or drop the rollout (prefix_broken)")
+    filters: list[RolloutFilter] = Field(
+        default_factory=list, description="degenerate-generation filters, Surogate's filters[]: {type: repetition "
+                                          "| gibberish, enforce, ...}; each flag counted in history")
 
 
 @dataclass
@@ -74,6 +81,7 @@ class Curated:
     replayed: int = 0  # of rollouts_in, how many came from replayed files
     segments: int = 0  # the token sequences the kept rollouts train on (segments: last leaves out the others)
     segments_left_out: int = 0  # segments of kept rollouts not trained on (segments: last)
+    flagged: Counter = field(default_factory=Counter)  # rollouts each filter type flagged, enforced or not
 
     def summary(self) -> dict[str, Any]:
         return {"kind": self.kind, "records": len(self.records), "rollouts_in": self.rollouts_in,
@@ -82,6 +90,7 @@ class Curated:
                 "segments_per_rollout": round(self.segments / self.rollouts_kept, 3) if self.rollouts_kept else 0.0,
                 "segments_left_out": self.segments_left_out,
                 "dropped_prefix_broken": self.dropped.get("prefix_broken", 0),
+                **({"flagged": dict(sorted(self.flagged.items()))} if self.flagged else {}),
                 **({"replayed": self.replayed} if self.replayed else {})}
 
 
@@ -165,6 +174,7 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
     which the groups keep instead of computing their own.
     """
     dropped: Counter = Counter()
+    flagged: Counter = Counter()
     kept: list[dict[str, Any]] = []
     tokens_missing = 0
     for rollout in rollouts:
@@ -185,7 +195,13 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
         first = len(rollout["sequences"]) - len(chosen)  # the segment index of chosen[0]
         segments = ([with_segment(s, first + i) for i, s in enumerate(chosen)] if len(rollout["sequences"]) > 1
                     else chosen)
-        kept.append({**rollout, "_sequence": segments[0], "_segments": segments})
+        hits = flagged_by(config.filters, segments) if config.filters else []
+        flagged.update({each.type for each in hits})
+        enforced = next((each.type for each in hits if each.enforce), None)
+        if enforced is not None and kind != "groups":
+            dropped[enforced] += 1
+            continue
+        kept.append({**rollout, "_sequence": segments[0], "_segments": segments, "_filtered": enforced})
     if rollouts and not kept and tokens_missing:
         raise CurationError(
             f"{stage}: none of the {len(rollouts)} rollouts carries token ids and sampling logprobs "
@@ -232,7 +248,7 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
         records, used = builder(groups, dropped, group_size, config)
     return Curated(kind, records, len(rollouts), len(used), dropped,
                    segments=sum(len(r["_segments"]) for r in used),
-                   segments_left_out=sum(len(r["sequences"]) - len(r["_segments"]) for r in used))
+                   segments_left_out=sum(len(r["sequences"]) - len(r["_segments"]) for r in used), flagged=flagged)
 
 
 def _to_sft(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_size: int | None,
@@ -302,8 +318,14 @@ def _to_groups(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_
         if not grpo_keeps([float(r["reward"]) for r in members]):
             dropped["zero_reward_spread"] += len(members)
             continue
-        records.append(to_groups(g, members, config.advantage, keep_advantages))
-        used.extend(members)
+        record = to_groups(g, members, config.advantage, keep_advantages)
+        masked = {str(r.get("rollout_id")): r["_filtered"] for r in members if r.get("_filtered")}
+        if masked:  # the group's advantages counted them; they are not trained on
+            dropped.update(masked.values())
+            record["rollouts"] = [m for m in record["rollouts"] if m["rollout_id"] not in masked]
+        if record["rollouts"]:
+            records.append(record)
+        used.extend(r for r in members if not r.get("_filtered"))
     return records, used
 
 

@@ -39,7 +39,7 @@ PHASES = ("collect", "curate", "optimize", "apply", "validate")
 # success to imitate), not "these rollouts are unusable": an epoch left with only these trains no
 # step and keeps the served model, instead of stopping the run.
 NO_SIGNAL = frozenset({"below_min_reward", "zero_reward_spread", "low_reward_spread", "unpaired", "not_top_k",
-                       "curriculum", "duplicate_prompt", "tool_error"})
+                       "curriculum", "duplicate_prompt", "tool_error", "repetition", "gibberish"})
 
 
 class PhaseBar:
@@ -239,7 +239,7 @@ class TrainLoop:
             "epoch": epoch, "stage": stage.name, "model_version": self.serving.version,
             "artefact": artefact.uri, "serving": artefact.serving_uri,
             "train": {"mean_reward": collected.get("mean_reward"),
-                      **{k: v for k, v in collected.items() if k.startswith("pass@")},
+                      **{k: v for k, v in collected.items() if k.startswith("pass@") or k == "temperature"},
                       "rollouts": collected.get("rollouts"), "failed": collected.get("failed"),
                       **artefact.metrics},
             "curated": {k: v for k, v in phases["curate"].items() if k != "s"},
@@ -343,7 +343,7 @@ class TrainLoop:
             "epoch": epoch, "stage": stage.name, "model_version": self.serving.version, "artefact": None,
             "skipped": phases["curate"]["skipped"],
             "train": {"mean_reward": collected.get("mean_reward"),
-                      **{k: v for k, v in collected.items() if k.startswith("pass@")},
+                      **{k: v for k, v in collected.items() if k.startswith("pass@") or k == "temperature"},
                       "rollouts": collected.get("rollouts"), "failed": collected.get("failed")},
             "curated": {k: v for k, v in phases["curate"].items() if k not in ("s", "skipped")},
             "validation": None, "guard": None,

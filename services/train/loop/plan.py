@@ -40,6 +40,7 @@ from typing import Any, Literal, Mapping
 from pydantic import Field, ValidationError, model_validator
 
 from ...config import StrictModel, import_target, key_problems, read_mapping
+from ...data.sampling import reshaping_knobs, temperature_schedule
 from .curation import CurateConfig
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .tracking import TrackingConfig
@@ -86,12 +87,14 @@ class CollectConfig(StrictModel):
                                                        "on its level's tasks, or the plan's validation")
     repeats: int = Field(default=4, ge=1, description="rollouts per task (a group)")
     limit: int | None = Field(default=None, ge=1, description="use the first N tasks")
-    params: dict[str, Any] = Field(default_factory=dict, description="merged into every responses_create_params")
+    params: dict[str, Any] = Field(default_factory=dict, description="merged into every responses_create_params; "
+                                   "temperature may be a schedule over the stage's epochs (rollgym.data.sampling)")
 
     @model_validator(mode="after")
     def _one_source(self) -> "CollectConfig":
         if (self.input is None) == (not self.levels):
             raise ValueError("collect takes input (one task file) or levels (a difficulty curriculum), not both")
+        temperature_schedule(self.params)  # a schedule's mistake names params.temperature.KEY
         return self
 
     @property
@@ -262,14 +265,23 @@ class Plan(StrictModel):
         for where, params, optimize_key, optimize in pairs:
             if optimize.trainer not in RL_TRAINERS:
                 continue
-            sampled = float(params.get("temperature", 1.0))
             trained = optimize.args.get("temperature")
+            if isinstance(params.get("temperature"), dict):  # a schedule: each rollout's recorded one trains
+                if trained is not None:
+                    problems.append(f"{optimize_key}.args.temperature: {where}.temperature is a schedule; leave it "
+                                    "out (the trainer takes the temperature each rollout was sampled at)")
+                sampled = trained = None
+            else:
+                sampled = float(params.get("temperature", 1.0))
             if trained is not None and float(trained) != sampled:
                 problems.append(f"{optimize_key}.args.temperature {trained} disagrees with {where}.temperature "
                                 f"{sampled}: the trainer must compute the logprobs of the distribution that was sampled")
             if float(params.get("top_p", 1.0)) < 1.0 or int(params.get("top_k") or 0) > 0:
                 problems.append(f"{where}: top_p/top_k truncate the sampling distribution, which {optimize.trainer} "
                                 "cannot rebuild; collect with top_p 1 and no top_k")
+            if knobs := reshaping_knobs(params):
+                problems.append(f"{where}: {', '.join(knobs)} reshape the sampling distribution, which "
+                                f"{optimize.trainer} cannot rebuild; collect without them (SFT or filtering data only)")
         return problems
 
     def epochs(self) -> list[tuple[int, StageConfig]]:

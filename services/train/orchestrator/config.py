@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ...config import StrictModel, key_problems, read_mapping
 from ...data.advantages import AdvantageConfig
+from ...data.sampling import temperature_schedule
 
 
 class EnvConfig(StrictModel):
@@ -23,7 +24,13 @@ class EnvConfig(StrictModel):
                                                         "agent_ref, else the stack's only agent)")
     ratio: float = Field(default=1.0, ge=0, description="share of each batch's groups, relative to the others")
     limit: int | None = Field(default=None, ge=1)
-    params: dict[str, Any] = Field(default_factory=dict, description="merged into responses_create_params")
+    params: dict[str, Any] = Field(default_factory=dict, description="merged into responses_create_params; "
+                                   "temperature may be a schedule over the steps (rollgym.data.sampling)")
+
+    @model_validator(mode="after")
+    def _schedule(self) -> "EnvConfig":
+        temperature_schedule(self.params)  # a schedule's mistake names params.temperature.KEY
+        return self
 
 
 class DifficultyConfig(StrictModel):
@@ -80,6 +87,8 @@ class OrchestratorConfig(StrictModel):
             raise ValueError(f"environment names must be distinct: {names}")
         if not any(env.ratio > 0 for env in self.envs):
             raise ValueError("at least one environment needs a ratio above 0")
+        if self.max_steps is None and any(temperature_schedule(env.params) for env in self.envs):
+            raise ValueError("a temperature schedule runs from the first step to the last: set max_steps")
         return self
 
     @property

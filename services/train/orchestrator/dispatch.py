@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from ...data.sampling import params_at
 from ...rollouts.attempts import FailedAttempt, RetryPolicy, agent_for, build_payload, run_rollout
 from .config import EnvConfig, OrchestratorConfig
 from .errors import OrchestratorError
@@ -103,7 +104,9 @@ class Dispatching:
         env = self.envs[group.env]
         agent = agent_for(group.task.row, self.agents[group.env] or "")
         outcomes = await asyncio.gather(*(
-            self._rollout(agent, build_payload(group.task.row, env.params, group.group_id, f"{group.group_id}-r{k}"),
+            self._rollout(agent, build_payload(group.task.row, params_at(env.params, group.tag - 1,
+                                                                         (self.config.max_steps or 1) - 1),
+                                               group.group_id, f"{group.group_id}-r{k}"),
                           group) for k in range(self.config.rollouts_per_example)))
         for rollout, failure in outcomes:
             if rollout is not None:
