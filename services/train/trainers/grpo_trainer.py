@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ...data.records import model_token_mask
+from ...data.sampling import refuse_unreproducible
 from .grpo_config import GRPOConfig
 from .grpo_loss import STATS, policy_loss, sequence_scales
 from .packed_attention import segment_boundaries, use_varlen
@@ -71,6 +72,7 @@ def sampling_temperature(member: dict[str, Any], where: str) -> float:
     if float(sampling.get("top_p", 1.0)) < 1.0 or int(sampling.get("top_k", 0) or 0) > 0:
         raise TrainingFailed(f"{where}: sampled with top_p {sampling.get('top_p')} / top_k {sampling.get('top_k')}: "
                              "the trainer cannot rebuild a truncated distribution; collect with top_p 1 and no top_k")
+    refuse_unreproducible(sampling, where, TrainingFailed)  # min_tokens, min_p, penalties: rollgym.data.sampling
     reshaped = {key: sampling[key] for key, neutral in NEUTRAL_SAMPLING.items()
                 if sampling.get(key) is not None and float(sampling[key]) != neutral}
     if reshaped:
