@@ -139,6 +139,8 @@ class ChatCompletionsModel(ModelServer):
         self.pool = BackendPool(self.config.base_urls, cooldown_s=self.config.backend_cooldown_s)
         self.tool_parser = load_parser(self.config.tool_parser, TOOL_PARSERS)
         self.reasoning_parser = load_parser(self.config.reasoning_parser, REASONING_PARSERS)
+        # Raw completions parsed here (the token-prompt path), and the tool calls left as text (GET /backends).
+        self.parsing = {"tool_parser": self.config.tool_parser, "generations": 0, "failures": 0}
 
     def model_names(self) -> list[str]:
         return [self.config.model]
@@ -273,6 +275,8 @@ class ChatCompletionsModel(ModelServer):
         text = choice.get("text") or ""
         message = parse_generation(text, tools_offered=bool(chat_request.get("tools")),
                                    tool_parser=self.tool_parser, reasoning_parser=self.reasoning_parser)
+        self.parsing["generations"] += 1
+        self.parsing["failures"] += message.pop("parse_failures")
         chat_like = {"choices": [{"message": message, "finish_reason": choice.get("finish_reason")}],
                      "usage": completion.get("usage")}
         converted = chat_response_to_output(chat_like, parse_think_tags=False)
@@ -400,7 +404,7 @@ class ChatCompletionsModel(ModelServer):
 
         @app.get("/backends")
         async def backends() -> JSONBytesResponse:
-            return JSONBytesResponse({"backends": self.pool.status()})
+            return JSONBytesResponse({"backends": self.pool.status(), "parsing": self.parsing})
 
         @app.post("/update_weights_from_disk")
         async def update_weights_from_disk(request: Request) -> JSONBytesResponse:

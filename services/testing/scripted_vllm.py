@@ -30,6 +30,10 @@ Script for ``/v1/chat/completions`` (first match wins):
 3. Last message is a tool result -> ``The weather in {city}: {tool content}``.
 4. Last user message contains ``Reverse this text:`` -> the text after it, reversed.
 5. Otherwise ``You said: {last user content}``.
+When the last user message contains ``malformed tool call``, the calls of rules 1 and 2 come out as text
+no parser can read (``<tool_call>NAME\n{ARGS`` with the arguments' closing brace missing, then
+``</tool_call>``): the chat answer has them in ``content`` with no ``tool_calls`` and ``finish_reason:
+"stop"``, as vLLM answers when its tool parser fails; a completion's text is the same.
 ``max_tokens`` (or ``max_completion_tokens``) cuts the reply text to that many
 whitespace-separated words with ``finish_reason: "length"``.
 When a system or user message contains ``Think first`` the toy model also "reasons": it
@@ -115,6 +119,7 @@ from aiohttp import web
 _CITY_RE = re.compile(r"(?i)weather (?:in|for) ([A-Za-z][A-Za-z .'-]*?)(?:[?.!,]|$)")
 _REVERSE_MARKER = "Reverse this text:"
 _THINK_MARKER = "think first"
+_MALFORMED_MARKER = "malformed tool call"
 _DEFAULT_CITY = "Paris"
 _FAILURE_STATUSES = (500, 503, 429)
 _FAILURE_TYPES = {500: "server_error", 503: "service_unavailable", 429: "rate_limit_error"}
@@ -380,12 +385,16 @@ def script_reply(req: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]],
         forced = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
     elif tool_choice == "required" and names:
         forced = "get_weather" if "get_weather" in names else names[0]
+    call: dict[str, Any] | None = None
     if forced:
-        args = {"city": _city_from(last_user)} if forced == "get_weather" else {}
-        return None, [_tool_call(forced, args)], "tool_calls"
-
-    if tool_choice != "none" and "get_weather" in names and last.get("role") == "user":
-        return None, [_tool_call("get_weather", {"city": _city_from(last_user)})], "tool_calls"
+        call = _tool_call(forced, {"city": _city_from(last_user)} if forced == "get_weather" else {})
+    elif tool_choice != "none" and "get_weather" in names and last.get("role") == "user":
+        call = _tool_call("get_weather", {"city": _city_from(last_user)})
+    if call is not None and _MALFORMED_MARKER in last_user.lower():
+        function = call["function"]
+        return f"<tool_call>{function['name']}\n{function['arguments'][:-1]}</tool_call>", [], "stop"
+    if call is not None:
+        return None, [call], "tool_calls"
 
     if last.get("role") == "tool":
         text = f"The weather in {_city_for_tool_result(messages)}: {_text_of(last.get('content'))}"
