@@ -14,7 +14,8 @@ initialised Qwen2-shaped model (1.5B on a GPU: hidden 1536, 28 layers, vocabular
 one on the CPU), with no download. It prints per configuration: the step's seconds, tokens/s (all
 tokens of the batch, prompt included), MFU (model FLOPs per second over the card's peak dense bf16
 FLOP/s; n/a on the CPU or an unknown card), peak memory (CUDA: allocated; CPU: the process's peak
-RSS so far), the estimate of weights + gradients + AdamW state, and once per model the mean |Δ|
+RSS so far), the estimate of weights + gradients + AdamW state, that plus one micro-batch's
+activations (`activation_estimate`; the goal: peak within 1.2× of it), and once per model the mean |Δ|
 between the trainer's bf16-autocast and fp32 logprobs on the same tokens.
 
 Model FLOPs per token, full weights: 6·N (N: the decoder's matrix weights) + 6·L·d·T (causal
@@ -152,6 +153,20 @@ def state_estimate(model: Any) -> float:
     return 4.0 * sum(p.numel() for p in params) + 12.0 * trainable
 
 
+def activation_estimate(model: Any, options: argparse.Namespace, loss_fraction: float) -> float:
+    """Bytes of what one micro-batch keeps for its backward pass, for a Llama/Qwen-shaped decoder under bf16
+    autocast over fp32 weights (fp32 residual stream and norms, bf16 matrix products, flash attention:
+    no length² term), full weights and no gradient checkpointing: per layer and token about 34·d bytes
+    around the attention and 8·I in the SwiGLU MLP (d: hidden, I: intermediate size), and the loss
+    tokens' logits (2·V bytes each in bf16, plus one fp32 chunk of the softmax at a time)."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal.config
+    tokens = options.micro_batch_tokens
+    per_layer = tokens * (34 * config.hidden_size + 8 * config.intermediate_size)
+    logits = tokens * loss_fraction * config.vocab_size * 2 + 2048 * config.vocab_size * 4 * 2
+    return config.num_hidden_layers * per_layer + logits
+
+
 def peak_flops(device: str) -> float | None:
     import torch
 
@@ -240,7 +255,11 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
     row = {"model": name, "finetune": finetune, "params": sum(p.numel() for p in trainer.model.parameters()),
            "tokens": tokens, "step_s": seconds, "tokens_s": tokens / seconds,
            "mfu": flops / seconds / peak if peak else None, "peak_gib": peak_memory(device),
-           "state_gib": state_estimate(trainer.model) / 2**30, "bf16_gap": gap}
+           "state_gib": state_estimate(trainer.model) / 2**30, "bf16_gap": gap,
+           "estimate_gib": (state_estimate(trainer.model)
+                            + activation_estimate(trainer.model, options, options.completion / (options.prompt
+                                                                                                 + options.completion)))
+           / 2**30}
     del trainer, model
     return row
 
@@ -266,7 +285,7 @@ def step_benchmark(options: argparse.Namespace) -> None:
           f"after {options.warmup} "
           f"({'bf16 autocast' if options.device == 'cuda' else 'fp32'}, fp32 master weights)")
     print(f"{'model':<10} {'finetune':<8} {'params':>9} {'step s':>8} {'tokens/s':>10} {'MFU':>6} "
-          f"{'peak GiB':>9} {'state GiB':>9} {'bf16 |Δ|':>9}")
+          f"{'peak GiB':>9} {'state GiB':>9} {'est. GiB':>9} {'bf16 |Δ|':>9}")
     for name, make in makers.items():
         if options.models and name not in options.models:
             continue
@@ -275,7 +294,8 @@ def step_benchmark(options: argparse.Namespace) -> None:
             mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
             gap = f"{row['bf16_gap']:.4f}" if row["bf16_gap"] is not None else "-"
             print(f"{name:<10} {finetune:<8} {row['params'] / 1e6:>8.1f}M {row['step_s']:>8.3f} "
-                  f"{row['tokens_s']:>10.0f} {mfu:>6} {row['peak_gib']:>9.2f} {row['state_gib']:>9.2f} {gap:>9}",
+                  f"{row['tokens_s']:>10.0f} {mfu:>6} {row['peak_gib']:>9.2f} {row['state_gib']:>9.2f} "
+                  f"{row['estimate_gib']:>9.2f} {gap:>9}",
                   flush=True)
 
 

@@ -176,6 +176,16 @@ class DistInfo:
         return tensor.tolist()
 
 
+# Loss tokens per chunk of the softmax over the vocabulary (a 152k vocabulary: 1.2 GiB of fp32 per chunk).
+LOGIT_CHUNK = 2048
+
+
+def _chosen_logprobs(logits: Any, targets: Any, temperatures: Any) -> Any:
+    """log softmax(logits / T) at the targets, in fp32."""
+    scaled = logits.float() / temperatures[:, None]
+    return scaled.gather(-1, targets[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+
+
 def _token_logprobs_module() -> Any:
     import torch
 
@@ -214,8 +224,15 @@ def _token_logprobs_module() -> Any:
                                     use_cache=False, **bounds).logits
             finally:
                 handle.remove()
-            logits = logits.reshape(-1, logits.shape[-1]).float() / temperatures[:, None]
-            return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+            logits = logits.reshape(-1, logits.shape[-1])
+            # The fp32 softmax a chunk of loss tokens at a time, recomputed in the backward pass: whole, its
+            # (loss tokens × vocabulary) fp32 copies were most of a large model's activations.
+            from torch.utils.checkpoint import checkpoint
+
+            return torch.cat([checkpoint(_chosen_logprobs, logits[start:start + LOGIT_CHUNK],
+                                         targets[start:start + LOGIT_CHUNK], temperatures[start:start + LOGIT_CHUNK],
+                                         use_reentrant=False)
+                              for start in range(0, max(len(targets), 1), LOGIT_CHUNK)])
 
     return TokenLogprobs
 
