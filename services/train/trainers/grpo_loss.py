@@ -28,10 +28,32 @@ mask is per sequence (`rollout_index` numbers sequences), so a segment that stra
 
 The scales are computed once over the whole batch (every micro-batch, every process), so gradient
 accumulation and data parallelism sum to exactly the gradient of one pass over the batch.
+
+`objective: surogate` (`surogate_loss`) is the loss of Surogate's GRPO specification (prime-rl's masked
+importance sampling), written out in docs/trainers.md beside the one above.
+
+For every token t of sequence i that the policy sampled, with A_it its advantage (the rollout's, or its
+model turn's) and no π_old (the ratio is to the sampling policy μ directly):
+
+    log ρ_it = log π_θ,it − log μ_it      (no gradient; clamped to ±20 before exp)
+    ρ̄_i      = exp(mean_t log ρ_it)                                   geometric-mean ratio of sequence i
+    R_it     = ρ_it                            ratio_type: token
+               min(ρ̄_i, sequence_clip_high)    ratio_type: sequence (one ratio per sequence, GSPO-style)
+    c_it     = R_it · (adv_tau · A_it − kl_tau · log ρ_it)            (no gradient)
+    keep_it  = token_mask_low ≤ ρ_it ≤ token_mask_high
+               and geo_mask_low ≤ ρ̄_i ≤ geo_mask_high
+               and min_t ρ_it ≥ sequence_mask_low and max_t ρ_it ≤ sequence_mask_high
+    L_it     = −c_it · log π_θ,it  (+ kl_beta · k3 to the reference, as under ppo_tis)
+
+and the batch loss is Σ_i Σ_t keep_it · L_it · s_i with the aggregation's s_i (`sequence_scales`).
+The gradient is −Σ keep · s · c · ∇log π_θ. The value computed is −Σ keep · s · c · (log π_θ − sg(log π_θ)
++ 1), which has that gradient and the value −Σ keep · s · c (the surrogate's, what a history can compare
+across steps), rather than −Σ c · log π, whose value mixes in the logprobs' size.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Hashable, Literal, Sequence
 
@@ -39,13 +61,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Aggregation = Literal["token_mean", "sequence_mean", "constant"]
 LOG_RATIO_BOUND = 20.0  # |log r| and |log ρ| are clamped to this before exp
+Objective = Literal["ppo_tis", "surogate"]
+# The keys of one objective only; `aggregation`, `max_tokens` and `kl_beta` are both objectives'.
+PPO_TIS_KEYS = ("clip_low", "clip_high", "correction", "tis_cap", "mask_low", "mask_high", "dual_clip")
+SUROGATE_KEYS = ("ratio_type", "kl_tau", "adv_tau", "teacher_tau", "token_mask_low", "token_mask_high",
+                 "geo_mask_low", "geo_mask_high", "sequence_mask_low", "sequence_mask_high", "sequence_clip_high")
 
 
 class LossConfig(BaseModel):
-    """The objective's settings (the plan's `optimize.args.loss`)."""
+    """The objective's settings (the plan's `optimize.args.loss`). `objective` unset: `surogate` when any
+    of its keys is given (a Surogate `loss:` block pastes in unchanged), else `ppo_tis`."""
 
     model_config = ConfigDict(extra="forbid")
 
+    objective: Objective | None = Field(default=None, description="ppo_tis (default) or surogate")
     clip_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="PPO clip below 1")
     clip_high: float = Field(default=0.28, ge=0.0, description="PPO clip above 1 (DAPO's clip-higher)")
     correction: Literal["tis", "none"] = Field(
@@ -58,13 +87,47 @@ class LossConfig(BaseModel):
     kl_beta: float = Field(default=0.0, ge=0.0, description="weight of the k3 KL estimate to the reference model")
     aggregation: Aggregation = "token_mean"
     max_tokens: int | None = Field(default=None, ge=1, description="constant aggregation: the normaliser C")
+    # objective: surogate (its specification's `loss` section, at its defaults)
+    ratio_type: Literal["token", "sequence"] = Field(
+        default="token", description="surogate: one ratio per token, or one per sequence (geometric mean)")
+    kl_tau: float = Field(default=0.0, ge=0.0, description="surogate: weight of the KL term to the sampling policy")
+    adv_tau: float = Field(default=1.0, ge=0.0, description="surogate: weight of the advantage")
+    teacher_tau: float = Field(default=0.0, ge=0.0, description="surogate: weight of the teacher's reverse KL")
+    token_mask_low: float = Field(default=0.125, ge=0.0, description="surogate: mask a token whose ratio is below")
+    token_mask_high: float = Field(default=8.0, gt=0.0, description="surogate: mask a token whose ratio is above")
+    geo_mask_low: float = Field(default=0.1, ge=0.0, description="surogate: mask a sequence whose geometric-mean "
+                                "ratio is below")
+    geo_mask_high: float = Field(default=10.0, gt=0.0, description="surogate: mask a sequence whose geometric-mean "
+                                 "ratio is above")
+    sequence_mask_low: float = Field(default=0.0, ge=0.0, description="surogate: mask a sequence whose smallest "
+                                     "token ratio is below")
+    sequence_mask_high: float = Field(default=100.0, gt=0.0, description="surogate: mask a sequence whose largest "
+                                      "token ratio is above")
+    sequence_clip_high: float = Field(default=10.0, gt=0.0, description="surogate: clip the sequence ratio "
+                                      "(ratio_type: sequence)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "LossConfig":
+        given = self.model_fields_set
+        if self.objective is None:
+            self.objective = "surogate" if given & set(SUROGATE_KEYS) else "ppo_tis"
+        # A key of the other objective set to anything but its default would be silently ignored: refuse it.
+        other = PPO_TIS_KEYS if self.objective == "surogate" else SUROGATE_KEYS
+        for key in other:
+            if key in given and getattr(self, key) != type(self).model_fields[key].default:
+                raise ValueError(f"{key} is a setting of objective: {'ppo_tis' if key in PPO_TIS_KEYS else 'surogate'}"
+                                 f", but the objective is {self.objective}")
         if self.aggregation == "constant" and self.max_tokens is None:
             raise ValueError("aggregation: constant needs max_tokens (the normaliser, e.g. the generation budget)")
         if self.mask_low is not None and self.mask_high is not None and self.mask_low >= self.mask_high:
             raise ValueError(f"mask_low {self.mask_low} must be below mask_high {self.mask_high}")
+        for low, high in (("token_mask_low", "token_mask_high"), ("geo_mask_low", "geo_mask_high"),
+                          ("sequence_mask_low", "sequence_mask_high")):
+            if getattr(self, low) >= getattr(self, high):
+                raise ValueError(f"{low} {getattr(self, low)} must be below {high} {getattr(self, high)}")
+        if self.teacher_tau > 0:
+            raise ValueError("teacher_tau > 0 needs the teacher's logprobs of every sampled token, which no "
+                             "collection records yet (on-policy distillation); set teacher_tau: 0")
         return self
 
 
@@ -88,8 +151,13 @@ def sequence_scales(token_counts: Sequence[int], config: LossConfig,
 
 
 # What `LossTerms.stats` holds, in order: sums to be added up over micro-batches, except ρ's min and max.
+# The last seven are the surogate objective's masks, each counted on its own (a token or sequence that
+# several masks hit counts under each; `masked_tokens` and `masked_rollouts` count the union): tokens for
+# the token masks, sequences for the others. They are 0 under ppo_tis.
+SUROGATE_STATS = ("token_masked_low", "token_masked_high", "geo_masked_low", "geo_masked_high",
+                  "sequence_masked_low", "sequence_masked_high", "sequence_clipped")
 STATS = ("rho_sum", "rho_min", "rho_max", "capped", "clipped", "masked_rollouts", "masked_tokens",
-         "mismatch_kl_sum", "kl_sum")
+         "mismatch_kl_sum", "kl_sum", *SUROGATE_STATS)
 
 
 @dataclass
@@ -104,9 +172,11 @@ class LossTerms:
     tokens: int
     stats: "torch.Tensor"  # noqa: F821 - float64, one value per name of STATS
 
-    def _stat(self, name: str) -> float:
+    def stat(self, name: str) -> float:
+        """One value of `stats`, by its name in STATS."""
         return float(self.stats[STATS.index(name)])
 
+    _stat = stat
     rho_sum = property(lambda self: self._stat("rho_sum"))
     rho_min = property(lambda self: self._stat("rho_min"))
     rho_max = property(lambda self: self._stat("rho_max"))
@@ -116,6 +186,21 @@ class LossTerms:
     masked_tokens = property(lambda self: int(self._stat("masked_tokens")))
     mismatch_kl_sum = property(lambda self: self._stat("mismatch_kl_sum"))
     kl_sum = property(lambda self: self._stat("kl_sum"))
+
+
+def mask_metrics(sums: dict[str, float], tokens: float, config: LossConfig) -> dict[str, float]:
+    """The surogate objective's masks for a step's history, from its summed stats: the fraction of the
+    loss tokens each token mask hit, the sequences each sequence mask hit (and the sequence clip); none
+    under ppo_tis, whose one mask is `masked_rollouts`."""
+    if config.objective != "surogate":
+        return {}
+    tokens = max(tokens, 1.0)
+    return {"token_mask_low_fraction": sums["token_masked_low"] / tokens,
+            "token_mask_high_fraction": sums["token_masked_high"] / tokens,
+            "geo_mask_low_rollouts": sums["geo_masked_low"], "geo_mask_high_rollouts": sums["geo_masked_high"],
+            "sequence_mask_low_rollouts": sums["sequence_masked_low"],
+            "sequence_mask_high_rollouts": sums["sequence_masked_high"],
+            "sequence_clipped_rollouts": sums["sequence_clipped"]}
 
 
 def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling_logprobs: "torch.Tensor",  # noqa: F821
@@ -133,6 +218,9 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
     count = int(logprobs.numel())
     if rollouts is None:
         rollouts = int(rollout_index.max()) + 1 if count else 0
+    if config.objective == "surogate":
+        return surogate_loss(logprobs, old_logprobs, sampling_logprobs, advantages, rollout_index, scales, config,
+                             ref_logprobs, rollouts)
     old = old_logprobs.detach()
     log_rho = (old - sampling_logprobs.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     rho = log_rho.exp()
@@ -176,8 +264,68 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
         stats = torch.stack([
             rho.sum(), rho.amin() if count else one, rho.amax() if count else one, capped.to(rho.dtype),
             clipped.to(rho.dtype), (~keep_rollout).sum().to(rho.dtype), (keep == 0).sum().to(rho.dtype),
-            (-log_rho).sum(), kl.detach().sum().to(rho.dtype)]).double()
+            (-log_rho).sum(), kl.detach().sum().to(rho.dtype), *[0 * one] * len(SUROGATE_STATS)]).double()
     return LossTerms(loss=loss, tokens=count, stats=stats)
 
 
-__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "STATS", "policy_loss", "sequence_scales"]
+def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noqa: F821
+                  sampling_logprobs: "torch.Tensor", advantages: "torch.Tensor",  # noqa: F821
+                  rollout_index: "torch.Tensor", scales: "torch.Tensor", config: LossConfig,  # noqa: F821
+                  ref_logprobs: "torch.Tensor | None", rollouts: int) -> LossTerms:  # noqa: F821
+    """The objective over a micro-batch's loss tokens (the arguments of `grpo_loss.policy_loss`).
+    `old_logprobs` only measures the mismatch KL (Σ log μ − log π_old), as under ppo_tis."""
+    import torch
+
+    count = int(logprobs.numel())
+    device = logprobs.device
+    current = logprobs.detach()
+    log_ratio = (current - sampling_logprobs.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    ratio = log_ratio.exp()
+
+    # Per sequence, on the batch's device: mean log ratio, smallest and largest token ratio.
+    def per_sequence(fill: float) -> "torch.Tensor":  # noqa: F821
+        return torch.full((rollouts,), fill, dtype=log_ratio.dtype, device=device)
+
+    lengths = per_sequence(0.0).index_add_(0, rollout_index, torch.ones_like(log_ratio))
+    mean_log = per_sequence(0.0).index_add_(0, rollout_index, log_ratio) / lengths.clamp(min=1)
+    geometric = mean_log.exp()
+    lowest = per_sequence(math.inf).scatter_reduce_(0, rollout_index, ratio, "amin")
+    highest = per_sequence(-math.inf).scatter_reduce_(0, rollout_index, ratio, "amax")
+
+    token_low, token_high = ratio < config.token_mask_low, ratio > config.token_mask_high
+    geo_low, geo_high = geometric < config.geo_mask_low, geometric > config.geo_mask_high
+    sequence_low, sequence_high = lowest < config.sequence_mask_low, highest > config.sequence_mask_high
+    masked_sequence = geo_low | geo_high | sequence_low | sequence_high
+    keep = (~(token_low | token_high | masked_sequence[rollout_index])).to(logprobs.dtype)
+
+    if config.ratio_type == "sequence":
+        weight = geometric.clamp(max=config.sequence_clip_high)[rollout_index]
+        sequence_clipped = geometric > config.sequence_clip_high
+    else:
+        weight = ratio
+        sequence_clipped = torch.zeros_like(geometric, dtype=torch.bool)
+    coeff = weight * (config.adv_tau * advantages - config.kl_tau * log_ratio)
+    per_token = -coeff * (logprobs - current + 1.0)
+    kl = torch.zeros_like(logprobs)
+    if ref_logprobs is not None and config.kl_beta > 0:
+        q = ref_logprobs.detach() - logprobs
+        kl = q.exp() - q - 1.0
+        per_token = per_token + config.kl_beta * kl
+    loss = (per_token * keep * scales).sum()
+
+    with torch.no_grad():
+        one = torch.ones((), dtype=ratio.dtype, device=device)
+        mismatch = (sampling_logprobs.detach() - old_logprobs.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        counts = dict(zip(SUROGATE_STATS, (token_low, token_high, geo_low, geo_high, sequence_low, sequence_high,
+                                           sequence_clipped)))
+        stats = torch.stack([
+            ratio.sum(), ratio.amin() if count else one, ratio.amax() if count else one, 0 * one, 0 * one,
+            masked_sequence.sum().to(ratio.dtype), (keep == 0).sum().to(ratio.dtype), mismatch.sum(),
+            kl.detach().sum().to(ratio.dtype), *[counts[name].sum().to(ratio.dtype) for name in SUROGATE_STATS],
+        ]).double()
+    return LossTerms(loss=loss, tokens=count, stats=stats)
+
+
+__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "Objective", "PPO_TIS_KEYS", "STATS",
+           "SUROGATE_KEYS", "SUROGATE_STATS", "mask_metrics", "policy_loss", "sequence_scales",
+           "surogate_loss"]
