@@ -30,8 +30,8 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ...data.curriculum import CurriculumConfig, select_groups
-from ...data.advantages import AdvantageConfig, group_advantages
-from ...data.records import completion_length, model_token_mask, model_versions, output_items
+from ...data.advantages import AdvantageConfig, rollout_advantages, with_turn_advantages
+from ...data.records import model_token_mask, model_versions, output_items
 from ...data.rollout_filters import RolloutFilter, flagged_by
 from ...data.export import (
     TOLERANCE, RolloutError, dpo_candidate, dpo_pairs, grpo_keeps, grpo_member, grpo_record, natural_key,
@@ -339,15 +339,15 @@ def to_groups(group_id: str, members: list[dict[str, Any]], advantage: Advantage
     record = grpo_record(group_id, prompt_messages(members[0]), [grpo_member(r, i) for i, r in enumerate(members)])
     by_id = {str(r.get("rollout_id", "")): r for r in members}
     ordered = [by_id[m["rollout_id"]] for m in record["rollouts"]]
+    turns: list[Any] | None = None  # return_to_go: per rollout, its model turns' advantages
     if keep_advantages and all(r.get("advantage") is not None for r in ordered):
         values = [float(r["advantage"]) for r in ordered]
     else:
-        values = group_advantages([float(r["reward"]) for r in ordered], [completion_length(r) for r in ordered],
-                                  advantage or AdvantageConfig())
-    for rollout, source, value in zip(record["rollouts"], ordered, values):
+        values, turns = rollout_advantages(ordered, advantage or AdvantageConfig())
+    for rollout, source, value, turn_values in zip(record["rollouts"], ordered, values, turns or [None] * len(ordered)):
         sequences = rollout.pop("sequences")
-        segments = source.get("_segments") or (
-            [with_segment(x, i) for i, x in enumerate(sequences)] if len(sequences) > 1 else sequences)
+        segments = with_turn_advantages(source, source.get("_segments") or (
+            [with_segment(x, i) for i, x in enumerate(sequences)] if len(sequences) > 1 else sequences), turn_values)
         rollout["sequence"] = segments[-1]
         if len(segments) > 1:
             rollout["sequences"] = segments

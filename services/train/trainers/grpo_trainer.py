@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...data.advantages import token_advantages
 from ...data.records import model_token_mask
 from ...data.sampling import refuse_unreproducible
 from .grpo_config import GRPOConfig
-from .grpo_loss import STATS, policy_loss, sequence_scales
+from .grpo_loss import STATS, mask_metrics, policy_loss, sequence_scales
 from .packed_attention import segment_boundaries, use_varlen
 from .base import TrainingFailed
 
@@ -55,6 +56,8 @@ class TrainSequence:
     advantage: float
     temperature: float
     rollout: int | None = None  # None: a rollout of its own
+    # Per completion token, its model turn's advantage (curate.advantage return_to_go); None: `advantage`.
+    token_advantages: list[float] | None = None
 
     @property
     def loss_tokens(self) -> int:
@@ -103,10 +106,21 @@ def sequences_of(groups: list[dict[str, Any]], temperature: float | None = None)
                 members.append(TrainSequence(list(sequence["prompt_ids"]), list(sequence["completion_ids"]),
                                              model_token_mask(sequence),
                                              [float(x) for x in sequence["completion_logprobs"]],
-                                             float(member["advantage"]), sampled_at, number))
+                                             float(member["advantage"]), sampled_at, number,
+                                             turn_token_advantages(sequence, where)))
             number += 1
         out.append(members)
     return out
+
+
+def turn_token_advantages(sequence: dict[str, Any], where: str) -> list[float] | None:
+    """A sequence's per-token advantages from its `turn_advantages` (one per model turn), if it has them."""
+    if sequence.get("turn_advantages") is None:
+        return None
+    try:
+        return token_advantages(sequence["completion_mask"], sequence["turn_advantages"])
+    except ValueError as exc:
+        raise TrainingFailed(f"{where}: {exc}") from None
 
 
 def rollout_keys(batch: list[TrainSequence]) -> list[Any]:
@@ -580,7 +594,7 @@ class PolicyTrainer:
                     sampled.append(seq.sampling_logprobs[j])
                     rollout.append(k)
                     temperatures.append(seq.temperature)
-                    advantages.append(seq.advantage)
+                    advantages.append(seq.advantage if seq.token_advantages is None else seq.token_advantages[j])
         # Made on the host and sent to the model's device: from pinned memory without blocking on a GPU, so
         # building the next micro-batch does not wait for the last one's kernels.
         device = self.device
@@ -676,12 +690,14 @@ class PolicyTrainer:
                 highest = torch.maximum(highest, terms.stats[STATS.index("rho_max")])
             tokens += terms.tokens
             rollouts += len(indices)
-        measured = sums.tolist()
-        named = dict(zip(STATS, measured))
-        rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl, loss, gap_sum, tokens, rollouts = \
-            dist.all_sum([named["rho_sum"], named["capped"], named["clipped"], named["masked_rollouts"],
-                          named["masked_tokens"], named["mismatch_kl_sum"], named["kl_sum"], measured[-2],
-                          measured[-1], float(tokens), float(rollouts)])
+        summed = [name for name in STATS if name not in ("rho_min", "rho_max")]
+        values = sums.tolist()
+        measured = dict(zip(STATS, values))
+        *totals, loss, gap_sum, tokens, rollouts = dist.all_sum(
+            [measured[name] for name in summed] + values[-2:] + [float(tokens), float(rollouts)])
+        named = dict(zip(summed, totals))
+        rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl = (named[name] for name in (
+            "rho_sum", "capped", "clipped", "masked_rollouts", "masked_tokens", "mismatch_kl_sum", "kl_sum"))
         gap_tokens = tokens
         rho_min = dist.all_min([float(lowest)])[0]
         rho_max = dist.all_max([float(highest)])[0]
@@ -709,7 +725,8 @@ class PolicyTrainer:
                 "importance_ratio_max": rho_max, "tis_capped_fraction": capped / tokens,
                 "clip_fraction": clipped / tokens, "masked_fraction": masked_tokens / tokens,
                 "masked_rollouts": masked_rollouts, "mismatch_kl": mismatch_kl / tokens, "kl": kl / tokens,
-                "logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)}
+                "logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)} | mask_metrics(named, tokens,
+                                                                                                     args.loss)
 
 
 def checkpoint_of(path: str | None) -> str | None:
