@@ -248,6 +248,10 @@ class ChatCompletionsModel(ModelServer):
                 prompt = await self._tokenize_chat(backend, chat_request["messages"], chat_request.get("tools"), True)
                 if prompt is not None:
                     tokens = token_triple(chat, prompt_ids=prompt)
+        if tokens is not None and constrains_output(chat_request):
+            forced = [int(logprob == 0.0) for logprob in tokens["generation_log_probs"]]
+            if any(forced):
+                tokens["generation_forced"] = forced
         return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
                     self.config.model_version or backend_model_version(chat))
 
@@ -273,7 +277,9 @@ class ChatCompletionsModel(ModelServer):
         completion = reply.json()
         choice = (completion.get("choices") or [{}])[0]
         text = choice.get("text") or ""
-        message = parse_generation(text, tools_offered=bool(chat_request.get("tools")),
+        # tool_choice "none" cannot reach a completions prompt: a call the model writes anyway stays text.
+        tools_offered = bool(chat_request.get("tools")) and chat_request.get("tool_choice") != "none"
+        message = parse_generation(text, tools_offered=tools_offered,
                                    tool_parser=self.tool_parser, reasoning_parser=self.reasoning_parser)
         self.parsing["generations"] += 1
         self.parsing["failures"] += message.pop("parse_failures")
@@ -486,6 +492,24 @@ class ChatCompletionsModel(ModelServer):
 
 def _is_id_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+
+
+# Request fields through which vLLM or SGLang constrain a generation with a grammar.
+STRUCTURED_OUTPUT_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                          "json_schema", "regex", "ebnf")
+
+
+def constrains_output(request: dict[str, Any]) -> bool:
+    """Whether a grammar shaped the generation: a named or required tool choice, a JSON response format, or a
+    structured-output field. Where the grammar admitted one token, the backend reports its logprob as 0.0
+    exactly (the grammar's mask comes before the logprobs; one finite logit's log-softmax is 0): such a
+    token was forced, not sampled, and is flagged (`generation_forced`) as the embedded model flags its
+    grammar's, so the trainer does not compare its unconstrained π with μ = 1 there."""
+    choice = request.get("tool_choice")
+    response_format = request.get("response_format")
+    return (isinstance(choice, dict) or choice == "required"
+            or (isinstance(response_format, dict) and response_format.get("type") in ("json_schema", "json_object"))
+            or any(request.get(key) is not None for key in STRUCTURED_OUTPUT_KEYS))
 
 
 def _tool_choice_is_free(choice: Any) -> bool:

@@ -445,13 +445,14 @@ def _context_error(cfg: dict[str, Any], prompt_len: int, max_tokens: Any) -> web
     return _error(400, message, "BadRequestError")
 
 
-def _chat_logprob_entries(gen_ids: list[int], seed: int, as_ids: bool) -> list[dict[str, Any]]:
+def _chat_logprob_entries(gen_ids: list[int], seed: int, as_ids: bool,
+                          forced: range = range(0)) -> list[dict[str, Any]]:
     entries = []
     for pos, tid in enumerate(gen_ids):
         raw = token_bytes(tid)
         entries.append({
             "token": f"token_id:{tid}" if as_ids else raw.decode("utf-8", errors="replace"),
-            "logprob": _logprob(seed, pos, tid),
+            "logprob": 0.0 if pos in forced else _logprob(seed, pos, tid),
             "bytes": list(raw),
             "top_logprobs": [],
         })
@@ -463,6 +464,19 @@ def with_adapter(content: str | None, seed: int, adapter: str | None) -> tuple[s
     if adapter is None:
         return content, seed
     return (f"[{adapter}] {content}" if content else content), seed + zlib.crc32(adapter.encode())
+
+
+def _grammar_forced(req: dict[str, Any], content: str | None, tool_calls: list[dict[str, Any]],
+                    reasoning: str | None) -> range:
+    """The generated positions a grammar admitted alone: with a named or required tool choice, the call's
+    opening up to its name (`<tool_call>NAME\\n`), which the backend then reports at logprob 0.0, as vLLM
+    does for the tokens its structured output forces."""
+    choice = req.get("tool_choice")
+    if not tool_calls or not (isinstance(choice, dict) or choice == "required"):
+        return range(0)
+    start = len(tokenize(_assistant_body(content, None, reasoning)))
+    name = (tool_calls[0].get("function") or {}).get("name", "")
+    return range(start, start + len(tokenize(f"<tool_call>{name}\n")))
 
 
 def build_completion(
@@ -486,6 +500,7 @@ def build_completion(
     thought = script_thought(script_req.get("messages") or [])
     gen_ids = tokenize(_assistant_body(content, tool_calls, thought))
     n_prompt, n_gen = len(prompt_ids), len(gen_ids)
+    forced = _grammar_forced(req, content, tool_calls, thought)
 
     if shape == "sglang":
         message = {"role": "assistant", "content": content, "reasoning_content": thought,
@@ -493,7 +508,7 @@ def build_completion(
         choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
                                   "matched_stop": None}
         if token_info or req.get("logprobs"):
-            choice["logprobs"] = {"content": _chat_logprob_entries(gen_ids, seed, as_ids=False)}
+            choice["logprobs"] = {"content": _chat_logprob_entries(gen_ids, seed, as_ids=False, forced=forced)}
         if token_info or req.get("return_prompt_token_ids"):
             choice["prompt_token_ids"] = prompt_ids
         if token_info or req.get("return_token_ids"):
@@ -511,7 +526,7 @@ def build_completion(
         }
 
     want_tokens = token_info or bool(req.get("logprobs")) or bool(req.get("return_token_ids"))
-    logprobs = {"content": _chat_logprob_entries(gen_ids, seed, as_ids=True)} if want_tokens else None
+    logprobs = {"content": _chat_logprob_entries(gen_ids, seed, as_ids=True, forced=forced)} if want_tokens else None
     return {
         "id": f"chatcmpl-{secrets.token_hex(16)}",
         "object": "chat.completion",

@@ -76,3 +76,29 @@ def test_the_chat_path_gives_the_malformed_call_back_as_text(servers: tuple[http
     message = reply["choices"][0]["message"]
     assert not message.get("tool_calls") and message["content"] == '<tool_call>get_weather\n{"city":"Oslo"</tool_call>'
     assert reply["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tokens_a_grammar_forced_are_flagged_and_tool_choice_none_keeps_calls_as_text(
+        servers: tuple[httpx.Client, httpx.Client]) -> None:
+    client, _ = servers
+    forced = client.post("/v1/responses", json={
+        "input": [{"role": "user", "content": "What is the weather in Oslo?"}], "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "name": "get_weather"}}).json()
+    call = forced["output"][-1]
+    assert call["type"] == "function_call"
+    opening = len('<tool_call>get_weather\n'.encode())  # what the backend's grammar admitted alone (logprob 0.0)
+    assert call["generation_forced"] == [1] * opening + [0] * (len(call["generation_token_ids"]) - opening)
+    assert all(lp < 0 for lp in call["generation_log_probs"][opening:])
+    free = client.post("/v1/responses", json={
+        "input": [{"role": "user", "content": "What is the weather in Oslo?"}], "tools": [WEATHER_TOOL]}).json()
+    assert free["output"][-1]["type"] == "function_call" and "generation_forced" not in free["output"][-1]
+
+    # On the token-prompt path the backend never sees tool_choice: a call written anyway under "none" stays text.
+    first = client.post("/v1/responses", json={"input": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL],
+                                                "tool_choice": "none"}).json()
+    answer = client.post("/v1/responses", json={
+        "input": [{"role": "user", "content": "hi"}, *first["output"],
+                  {"role": "user", "content": "What is the weather in Rome?"}],
+        "tools": [WEATHER_TOOL], "tool_choice": "none"}).json()
+    assert [item["type"] for item in answer["output"]] == ["message"], answer["output"]
+    assert answer["output"][0]["content"][0]["text"].startswith("<tool_call>get_weather")
