@@ -36,7 +36,7 @@ from ..orchestrator.orchestrator import Orchestrator, OrchestratorError
 from ..orchestrator.transports.folders import Batch
 from ..trainers.base import Artefact, TrainingFailed
 from ..trainers.jobs import finished_artefact
-from .curation import CurateConfig, CurationError, curate
+from .curation import CurateConfig, Curated, CurationError, curate
 from .epochs import TrainLoop
 from .errors import TrainError
 from .optimize import step_config
@@ -122,7 +122,9 @@ class AsyncTrainLoop(TrainLoop):
                                 "orchestrator": batch.metrics,
                                 "train": {"mean_reward": batch.metrics["reward_mean"],
                                           "rollouts": batch.metrics["rollouts"]}}
-        if self._curate(batch.rollouts, folder):
+        curated = self._curate(batch.rollouts, folder)
+        line["curated"] = curated.summary()
+        if curated.records:
             started = time.perf_counter()
             artefact = finished_artefact(folder / "train")  # trained before a kill: not trained again
             if artefact is None:
@@ -145,21 +147,23 @@ class AsyncTrainLoop(TrainLoop):
         self.prune()
         return previous
 
-    def _curate(self, rollouts: list[dict[str, Any]], folder: Path) -> int:
-        """The batch as the optimize trainer's records (GRPO groups for grpo) in curated.jsonl;
-        how many records there are to train on."""
-        assert self.plan.orchestrator is not None and self.plan.optimize is not None
+    def _curate(self, rollouts: list[dict[str, Any]], folder: Path) -> Curated:
+        """The batch as the optimize trainer's records (GRPO groups for grpo) in curated.jsonl, every
+        segment of a rollout with its rollout's advantage (the plan's `curate.segments`)."""
+        plan = self.plan
+        assert plan.orchestrator is not None and plan.optimize is not None
+        segments = plan.curate.segments if plan.curate is not None else "all"
         try:
             # The batch's advantages are the orchestrator's (its `advantage` setting): kept, never recomputed.
-            curated = curate(rollouts, self.plan.optimize.data or "groups", CurateConfig(),
-                             group_size=self.plan.orchestrator.rollouts_per_example, stage=folder.name,
+            curated = curate(rollouts, plan.optimize.data or "groups", CurateConfig(segments=segments),
+                             group_size=plan.orchestrator.rollouts_per_example, stage=folder.name,
                              keep_advantages=True)
         except CurationError as exc:
             raise TrainError(str(exc)) from None
         with (folder / "curated.jsonl").open("wb") as handle:
             for record in curated.records:
                 handle.write(orjson.dumps(record) + b"\n")
-        return len(curated.records)
+        return curated
 
     def _train_step(self, step: int, folder: Path, previous: Artefact | None) -> Artefact:
         optimize = self.plan.optimize

@@ -25,7 +25,8 @@
 
 With `mode: async` the plan names an `orchestrator` section (batch_size, rollouts_per_example,
 max_steps, max_async_level, max_off_policy_steps, envs with ratios, difficulty, advantage) and one
-`optimize` section instead of stages; `validation.every` then counts steps (scripts/train/async.yaml).
+`optimize` section instead of stages, optionally `curate: {segments: all | last | drop}` for its batches;
+`validation.every` then counts steps (scripts/train/async.yaml).
 
 Relative paths are relative to the current directory, as on the command line.
 """
@@ -41,7 +42,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ...config import StrictModel, import_target, key_problems, read_mapping
 from ...data.sampling import reshaping_knobs, temperature_schedule
-from .curation import CurateConfig
+from .curation import CurateConfig, SegmentMode
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
@@ -151,6 +152,13 @@ class StageConfig(StrictModel):
         return self
 
 
+class BatchCurateConfig(StrictModel):
+    """mode: async: what each batch trains on (its groups and advantages are the orchestrator's)."""
+
+    segments: SegmentMode = Field(default="all", description="a rollout with several token sequences (segments): "
+                                  "train all, the last, or drop the rollout (prefix_broken)")
+
+
 class ValidationConfig(StrictModel):
     input: str | None = Field(default=None, description="held-out task rows JSONL")
     suite: str | None = Field(default=None, description="instead of input: an eval suite (`rollgym eval`, a file or "
@@ -206,6 +214,7 @@ class Plan(StrictModel):
     stages: list[StageConfig] = Field(default_factory=list, description="mode: epochs")
     orchestrator: OrchestratorConfig | None = Field(default=None, description="mode: async")
     optimize: OptimizeConfig | None = Field(default=None, description="mode: async: the trainer of every step")
+    curate: BatchCurateConfig | None = Field(default=None, description="mode: async: how every batch is curated")
     guard: GuardConfig | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
@@ -218,6 +227,8 @@ class Plan(StrictModel):
             problems.append("mode: epochs runs stages (at least one), without orchestrator or optimize")
         if self.mode == "async" and (self.stages or not self.orchestrator or not self.optimize):
             problems.append("mode: async needs orchestrator and optimize, and takes no stages")
+        if self.mode == "epochs" and self.curate is not None:
+            problems.append("curate: mode: epochs curates stage by stage (stages[i].curate)")
         if self.mode == "async" and self.guard is not None and self.guard.on_violation != "stop":
             problems.append("guard.on_violation: an async run's guard can only stop it (generation runs ahead on "
                             "the newest weights: there is no rolling back and going on)")
