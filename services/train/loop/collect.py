@@ -17,8 +17,9 @@ from typing import Any, Callable
 from ...client import ServerClient
 from ...data.jsonl import read_whole_lines
 from ...data.sampling import params_at, temperature_schedule
-from ...rollouts.collector import CollectOptions, Collector
+from ...rollouts.collector import CollectOptions, Collector, read_tasks
 from .apply import Serving
+from .dynamic_sampling import group_counts, refill_tasks, write_tasks
 from .errors import TrainError
 from .plan import Plan, StageConfig
 
@@ -62,9 +63,45 @@ class Collections:
         options = self.options(Path(stage.collect.files[level]), folder / "rollouts.jsonl",
                                repeats=stage.collect.repeats, limit=stage.collect.limit, params=params)
         summary = self.run(options, f"epoch {epoch} collect")
+        if stage.collect.difficulty.enabled:
+            summary["dynamic_sampling"] = self.refill(epoch, stage, folder, level, params)
         if temperature_schedule(stage.collect.params) is not None:
             summary["temperature"] = params["temperature"]
         return summary
+
+    def refill(self, epoch: int, stage: StageConfig, folder: Path, level: int,
+               params: dict[str, Any]) -> dict[str, Any]:
+        """Dynamic sampling (`collect.difficulty`, dynamic_sampling.py): refill rounds after the planned
+        collection until its number of groups with a reward spread is kept; what they did, for history."""
+        collect = stage.collect
+        assert collect is not None
+        tasks, _ = read_tasks(Path(collect.files[level]))
+        planned = used = min(collect.limit or len(tasks), len(tasks))
+        files, stopped = [folder / "rollouts.jsonl"], None
+        collected = kept = spread = 0
+        while True:
+            counts = group_counts(files, stage.curate, collect.repeats)
+            if counts is None:
+                stopped = "curation failed"
+                break
+            collected, kept, spread = counts
+            if kept >= planned:
+                break
+            fresh = refill_tasks(tasks, used, planned - kept, collect.difficulty)
+            if len(files) > collect.difficulty.max_refill_rounds or not fresh:
+                stopped = "max_refill_rounds" if fresh else "no tasks left"
+                break
+            used += len(fresh)
+            write_tasks(folder / f"refill-{len(files)}.tasks.jsonl", fresh)
+            options = self.options(folder / f"refill-{len(files)}.tasks.jsonl", folder / f"refill-{len(files)}.jsonl",
+                                   repeats=collect.repeats, limit=None, params=params)
+            self.run(options, f"epoch {epoch} refill {len(files)}: {len(fresh)} tasks, {planned - kept} groups missing")
+            files.append(options.output)
+        if stopped:
+            self.log(f"epoch {epoch} ({stage.name}): {kept} of {planned} planned groups have a reward spread after "
+                     f"{len(files) - 1} refill rounds ({stopped})")
+        return {"planned": planned, "groups_collected": collected, "groups_kept": kept,
+                "groups_dropped_zero_spread": spread, "refill_rounds": len(files) - 1, "stopped": stopped}
 
     def run(self, options: CollectOptions, label: str, agent: str | None = None) -> dict[str, Any]:
         """One collection; its summary (rollouts, groups, failed, mean reward, pass@k, statuses)."""

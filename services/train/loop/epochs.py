@@ -26,6 +26,7 @@ from ..trainers.jobs import finished_artefact
 from .apply import Serving
 from .collect import Collections
 from .curation import Curated, CurationError, curate
+from .dynamic_sampling import epoch_files
 from .errors import TrainError
 from .guard import Guard
 from .history import History
@@ -35,6 +36,8 @@ from .run_folder import RunFolder, read_json
 from .validation import Validation
 
 PHASES = ("collect", "curate", "optimize", "apply", "validate")
+# What an epoch's history line keeps of its collection beside the reward (dynamic_sampling: its refills).
+TRAIN_KEYS = ("temperature", "dynamic_sampling")
 # Curation drops that mean "these rollouts teach nothing" (every group solved or failed alike, no
 # success to imitate), not "these rollouts are unusable": an epoch left with only these trains no
 # step and keeps the served model, instead of stopping the run.
@@ -239,7 +242,7 @@ class TrainLoop:
             "epoch": epoch, "stage": stage.name, "model_version": self.serving.version,
             "artefact": artefact.uri, "serving": artefact.serving_uri,
             "train": {"mean_reward": collected.get("mean_reward"),
-                      **{k: v for k, v in collected.items() if k.startswith("pass@") or k == "temperature"},
+                      **{k: v for k, v in collected.items() if k.startswith("pass@") or k in TRAIN_KEYS},
                       "rollouts": collected.get("rollouts"), "failed": collected.get("failed"),
                       **artefact.metrics},
             "curated": {k: v for k, v in phases["curate"].items() if k != "s"},
@@ -285,7 +288,8 @@ class TrainLoop:
         (any version: off-policy by design), curated alike; one set of records."""
         kind = stage.optimize.data or "sft"
         where = f"epoch {epoch} ({stage.name})"
-        live = curate(read_whole_lines(folder / "rollouts.jsonl"), kind, stage.curate, epoch=epoch - 1,
+        rollouts = [row for file in epoch_files(folder) for row in read_whole_lines(file)]  # refills too
+        live = curate(rollouts, kind, stage.curate, epoch=epoch - 1,
                       version=version, group_size=stage.collect.repeats if stage.collect else None, stage=where)
         if not stage.replay:
             return live
@@ -343,7 +347,7 @@ class TrainLoop:
             "epoch": epoch, "stage": stage.name, "model_version": self.serving.version, "artefact": None,
             "skipped": phases["curate"]["skipped"],
             "train": {"mean_reward": collected.get("mean_reward"),
-                      **{k: v for k, v in collected.items() if k.startswith("pass@") or k == "temperature"},
+                      **{k: v for k, v in collected.items() if k.startswith("pass@") or k in TRAIN_KEYS},
                       "rollouts": collected.get("rollouts"), "failed": collected.get("failed")},
             "curated": {k: v for k, v in phases["curate"].items() if k not in ("s", "skipped")},
             "validation": None, "guard": None,
