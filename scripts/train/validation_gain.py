@@ -1,0 +1,56 @@
+"""Validation before → after of `rollgym train` runs, with `rollgym eval`'s statistics: each mean reward
+with its 95 % interval over tasks, and the paired difference over the same held-out tasks (beyond noise
+when its interval leaves out 0). One markdown row per run.
+
+    python scripts/train/validation_gain.py runs/rg-grpo-products-s1 runs/rg-grpo-products-s2 ...
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import orjson
+
+from rollgym.eval.stats import TaskResult, compare_tasks, mean_reward
+
+
+def tasks(path: Path) -> dict[str, TaskResult]:
+    """A validation file's finished rollouts by task (group_id)."""
+    rewards: dict[str, list[float]] = {}
+    for line in path.read_bytes().splitlines():
+        row = orjson.loads(line) if line.strip() else None
+        if row and row.get("reward") is not None:
+            rewards.setdefault(str(row["group_id"]), []).append(float(row["reward"]))
+    return {task: TaskResult(task, tuple(values)) for task, values in rewards.items()}
+
+
+def row(run: Path) -> str:
+    history = [orjson.loads(line) for line in (run / "history.jsonl").read_bytes().splitlines() if line.strip()]
+    validated = [line["epoch"] for line in history if line.get("validation")]
+    if len(validated) < 2:
+        return f"| {run.name} | not finished ({len(history)} history lines) | | | |"
+    first, last = validated[0], validated[-1]
+    before = tasks(run / f"epoch-{first:03d}" / "validation.jsonl")
+    after = tasks(run / f"epoch-{last:03d}" / "validation.jsonl")
+    a, b = mean_reward(before.values()), mean_reward(after.values())
+    diff = compare_tasks(before, after)
+    assert a is not None and b is not None and diff is not None
+    verdict = "**rises**" if (diff.low or 0) > 0 else ("falls" if (diff.high or 0) < 0 else "within noise")
+    return (f"| {run.name} | {a.value:.3f} [{a.low:.2f}, {a.high:.2f}] | {b.value:.3f} [{b.low:.2f}, {b.high:.2f}] "
+            f"| {diff.difference:+.3f} [{diff.low:+.2f}, {diff.high:+.2f}] | {verdict} |")
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    print("| run | before (epoch 0) [95 % CI] | after [95 % CI] | after − before, paired [95 % CI] | verdict |")
+    print("|---|---|---|---|---|")
+    for arg in argv:
+        print(row(Path(arg)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
