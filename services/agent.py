@@ -14,6 +14,15 @@ from .schema import ResponsesCreateParams, RunRequest
 from .server import BaseServer, JSONBytesResponse, parse_body, read_json
 
 
+VERIFICATION_SKIPPED = "skipped"
+
+
+def unverified(payload: dict[str, Any], response: dict[str, Any] | None) -> dict[str, Any]:
+    """The /run answer of a rollout run with `skip_verification`: no reward (null, never a made-up 0) and
+    the marker `verification: "skipped"`; the caller adds status, metrics and ids as for a verified one."""
+    return {**payload, "response": response, "reward": None, "verification": VERIFICATION_SKIPPED}
+
+
 class AgentServer(BaseServer):
     """Base of every agent server."""
 

@@ -20,7 +20,8 @@ from openai.types.responses import (
     ToolChoiceFunction,
 )
 from openai.types.responses.response_input_item import FunctionCallOutput as _FunctionCallOutput
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, Tag, ValidationInfo, field_validator,
+                      model_validator)
 
 from .statuses import FAILURE_STATUSES, POLICY_STATUSES, RolloutStatus
 
@@ -153,6 +154,9 @@ class RunRequest(BaseModel):
     responses_create_params: ResponsesCreateParams
     rollout_id: str | None = None
     group_id: str | None = None
+    # Run the loop but not `/verify`: the rollout comes back with `reward: null` and `verification: "skipped"`
+    # (data for SFT, distillation or filtering; never for reward-based training).
+    skip_verification: StrictBool = False
 
 
 class VerifyRequest(RunRequest):
@@ -200,11 +204,13 @@ class Sequence(BaseModel):
 class RunResponse(RunRequest):
     """`POST /run`'s answer: the verify response plus rollgym's status, metrics and token view.
 
-    `reward` is None exactly when `status` is an infrastructure failure: a failure is never a reward.
+    `reward` is None exactly when `status` is an infrastructure failure (a failure is never a reward) or
+    when the run was asked to skip verification: then `verification` is "skipped" and `status` the policy's.
     """
 
     response: ModelResponse | None = None
     reward: float | None = None
+    verification: Literal["skipped"] | None = None
     reward_components: dict[str, float] | None = None
     status: RolloutStatus
     error: str | None = None

@@ -1,6 +1,7 @@
 """proxy_agent: train an existing agent unchanged. `/run` seeds the environment, gives the agent
 its own OpenAI-compatible base URL for this rollout, runs it, and records every model call it makes
-with the token ids the model server sampled; then verifies and answers the usual /run result.
+with the token ids the model server sampled; then verifies and answers the usual /run result (a task
+with `skip_verification` is not scored at all: `reward: null`, `verification: "skipped"`).
 
 The per-rollout endpoint `/rollouts/{id}/v1` serves `POST /chat/completions` and `POST /responses`
 (streaming or not), `GET /models`, and the environment's tools under `/rollouts/{id}/tools`. It
@@ -22,6 +23,7 @@ from pydantic import Field, model_validator
 from starlette.routing import Route
 
 from rollgym import AgentServer, BadRequest, ResponsesCreateParams, RunRequest, ServerCallError, ServerConfig, ServerRef
+from rollgym.agent import unverified
 from rollgym.client import Reply
 from rollgym.resources import RESERVED_ROUTES
 from rollgym.server import JSONBytesResponse, ServerStartError, parse_body, read_json
@@ -143,7 +145,9 @@ class ProxyAgent(AgentServer):
         metrics = self._metrics(rollout, started)
         if failure is not None:
             return {**base, "reward": None, "status": failure.status, "error": failure.error, "metrics": metrics}
-        if self.config.reward == "agent":
+        if task.skip_verification:  # neither /verify nor the agent's own score: no reward at all
+            result = unverified(base, response)
+        elif self.config.reward == "agent":
             if outcome.score is None:
                 return {**base, "reward": None, "status": "agent_error", "metrics": metrics,
                         "error": "reward: agent is configured, but the agent returned no score"}

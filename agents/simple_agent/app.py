@@ -1,4 +1,5 @@
-"""simple_agent: seed the environment, loop model → tools → model until a final answer, verify.
+"""simple_agent: seed the environment, loop model → tools → model until a final answer, verify
+(unless the task asks `skip_verification`: then the answer has `reward: null`, `verification: "skipped"`).
 
 Tool calls run in order on the resources server with the rollout's session cookie. A model mistake
 (unknown tool, arguments that are not JSON or fail validation) becomes a tool output that says so,
@@ -26,6 +27,7 @@ from rollgym import (
     ServerConfig,
     ServerRef,
 )
+from rollgym.agent import unverified
 from rollgym.resources import RESERVED_ROUTES, TOOL_REWARD_HEADER
 from rollgym.sequences import merge_sequences
 
@@ -96,16 +98,19 @@ class SimpleAgent(AgentServer):
         try:
             await self._env_call("/seed_session", payload, cookies, loop)
             await self._loop(payload["responses_create_params"], cookies, loop)
-            verified = await self._env_call(
-                "/verify", {**payload, "response": loop.final_response()}, cookies, loop
-            )
+            if task.skip_verification:
+                result = unverified(payload, loop.final_response())
+            else:
+                verified = await self._env_call(
+                    "/verify", {**payload, "response": loop.final_response()}, cookies, loop
+                )
+                result = verified.json()
         except RolloutAborted as failure:
             return {
                 **payload, "response": loop.final_response(), "reward": None,
                 "status": failure.status, "error": failure.error, "metrics": loop.metrics(started),
                 "rollout_id": task.rollout_id, "group_id": task.group_id,
             }
-        result = verified.json()
         result.update(status=loop.status, error=None, rollout_id=task.rollout_id, group_id=task.group_id,
                       metrics=loop.metrics(started))
         if self.config.return_sequences:

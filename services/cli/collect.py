@@ -43,6 +43,9 @@ def register(commands: Any) -> None:
                          help="seconds all the attempts of one rollout may take together, waits included "
                               "(default: no limit beyond --max-attempts × --timeout)")
     collect.add_argument("--pass-threshold", type=float, default=1.0, help="reward that counts as a pass for pass@k")
+    collect.add_argument("--skip-verification", action="store_true",
+                         help="agents do not call /verify: rollouts carry reward null and verification \"skipped\" "
+                              "(for SFT, distillation or filtering; never for reward-based training)")
     collect.add_argument("--no-progress", action="store_true", help="no progress bar")
     collect.add_argument("--allow-failures", action="store_true",
                          help="exit 0 even when rollouts failed after their attempts or none succeeded")
@@ -80,6 +83,7 @@ def run_collect(args: argparse.Namespace) -> int:
         budget_s=args.rollout_budget_s,
         pass_threshold=args.pass_threshold, progress=not args.no_progress,
         force_agent=bool(args.agent or args.agent_url),  # one agent named: every row goes there
+        skip_verification=args.skip_verification,
     )
     stack = None
     try:

@@ -271,7 +271,8 @@ class ExportStats:
     read: int = 0  # rollout lines read
     written: int = 0  # records written
     filtered: int = 0  # rollouts left out by --min-reward
-    no_reward: int = 0  # rollouts without a reward (failures; never exported)
+    no_reward: int = 0  # rollouts without a reward (failures; never exported) or unverified ones not exported
+    unverified: int = 0  # of no_reward: collected with skip_verification (sft exports them without --min-reward)
     skipped: int = 0  # malformed lines and rollouts that cannot be converted
     groups: int = 0
     groups_without_pair: int = 0  # dpo
@@ -287,7 +288,8 @@ class ExportStats:
         out = [f"read {self.read} rollouts; wrote {self.written} {unit}{'' if self.written == 1 else 's'}"]
         left = [f"{self.filtered} below --min-reward"] if self.format == "sft" else []
         if self.no_reward:
-            left.append(f"{self.no_reward} without a reward")
+            left.append(f"{self.no_reward} without a reward"
+                        + (f" ({self.unverified} unverified: verification skipped)" if self.unverified else ""))
         left.append(f"{self.skipped} malformed or unconvertible lines skipped")
         out.append("left out: " + ", ".join(left))
         if self.format == "dpo":
@@ -331,8 +333,11 @@ def records(
     for line, row in iter_rollouts(path, skip):
         stats.read += 1
         if row.get("reward") is None:
-            stats.no_reward += 1
-            continue
+            unverified = row.get("verification") == "skipped"  # SFT without --min-reward needs no reward
+            if not (unverified and fmt == "sft" and min_reward is None):
+                stats.no_reward += 1
+                stats.unverified += unverified
+                continue
         try:
             if fmt == "sft":
                 if min_reward is not None and row["reward"] + TOLERANCE < min_reward:

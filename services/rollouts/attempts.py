@@ -10,9 +10,11 @@ the Ray collector shards and `RolloutClient`.
   before anything is sent (`check_agent_refs`). A run told to use one agent (`--agent NAME`, an agent
   URL) sends every row there, whatever its `agent_ref` says (rows written for another stack).
 - **Payload.** The row, with the run's `params` merged into `responses_create_params`, plus
-  `rollout_id` and `group_id`.
+  `rollout_id` and `group_id`, and `skip_verification: true` when the run skips `/verify` (a row's own
+  `skip_verification` is dropped: whether rollouts are verified is the run's choice).
 - **One attempt** is one `POST /run`, classified (`attempt_run`). Only a policy status with a numeric
-  reward is a rollout; anything else is a failure status, never a reward.
+  reward is a rollout (or, when the run asked to skip verification, one with `reward: null` and
+  `verification: "skipped"`); anything else is a failure status, never a reward.
 - **Retries.** A rollout is attempted at most `max_attempts` times, each attempt for at most
   `timeout_s`; with `budget_s`, all its attempts and waits together get that many seconds (an attempt's
   timeout is then what is left, and none starts once it is spent). Between attempts the wait is
@@ -51,13 +53,18 @@ def rollout_id_for(group_id: str, repeat: int) -> str:
     return f"{group_id}-r{repeat}"
 
 
-def build_payload(row: Mapping[str, Any], params: Mapping[str, Any], group_id: str, rollout_id: str) -> dict[str, Any]:
-    """The body of `POST /run` for one rollout of `row`."""
+def build_payload(row: Mapping[str, Any], params: Mapping[str, Any], group_id: str, rollout_id: str, *,
+                  skip_verification: bool = False) -> dict[str, Any]:
+    """The body of `POST /run` for one rollout of `row` (`skip_verification`: the agent does not call /verify)."""
     payload = dict(row)
     if params:
         payload["responses_create_params"] = {**row["responses_create_params"], **params}
     payload["rollout_id"] = rollout_id
     payload["group_id"] = group_id
+    if skip_verification:
+        payload["skip_verification"] = True
+    elif "skip_verification" in payload:
+        del payload["skip_verification"]  # the run's option, not a task's: a row cannot skip on its own
     return payload
 
 
@@ -91,6 +98,9 @@ async def attempt_run(client: ServerClient, agent: str, payload: dict[str, Any],
     if status in FAILURE_STATUSES:
         return Attempt(None, status, rollout.get("error"), retryable=status not in FINAL_STATUSES)
     if not isinstance(rollout.get("reward"), (int, float)):
+        if rollout.get("verification") == "skipped" and payload.get("skip_verification") is True \
+                and rollout.get("reward") is None:
+            return Attempt(rollout, status)  # asked for: no reward, and none made up
         return Attempt(None, "agent_error", f"the agent answered status {status!r} without a reward")
     return Attempt(rollout, status)
 

@@ -59,6 +59,7 @@ class CollectOptions:
     pass_threshold: float = 1.0
     progress: bool = True
     force_agent: bool = False  # every row to the collector's agent, whatever its agent_ref names
+    skip_verification: bool = False  # agents skip /verify: rollouts with reward null, verification "skipped"
 
 
 def row_problem(row: dict[str, Any]) -> str | None:
@@ -139,7 +140,8 @@ class Collector:
 
     async def rollout(self, task: Task, repeat: int, on_failure: Callable[[Any], None]) -> tuple[dict[str, Any] | None, Any]:
         """One rollout of `task` under the run's retry policy (rollgym.rollouts.attempts.run_rollout)."""
-        payload = build_payload(task.row, self.options.params, task.group_id, task.rollout_id(repeat))
+        payload = build_payload(task.row, self.options.params, task.group_id, task.rollout_id(repeat),
+                                skip_verification=self.options.skip_verification)
         agent = self.agent if self.options.force_agent else agent_for(task.row, self.agent)
         rollout, attempt = await run_rollout(self.client, agent, payload, self.policy,
                                              where={"line": task.line}, on_failure=on_failure)

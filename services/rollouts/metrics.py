@@ -13,7 +13,7 @@ class RolloutRecord:
     """The few fields of a finished rollout that the summary needs (kept in memory, not the rollout)."""
 
     group_id: str
-    reward: float
+    reward: float | None  # None: verification skipped (never counted as 0)
     status: str
     input_tokens: int
     output_tokens: int
@@ -22,9 +22,10 @@ class RolloutRecord:
     @classmethod
     def from_rollout(cls, rollout: dict[str, Any]) -> "RolloutRecord":
         metrics = rollout.get("metrics") or {}
+        reward = rollout.get("reward")
         return cls(
             group_id=str(rollout.get("group_id")),
-            reward=float(rollout.get("reward") or 0.0),
+            reward=None if reward is None else float(reward),
             status=str(rollout.get("status", "ok")),
             input_tokens=int(metrics.get("input_tokens", 0)),
             output_tokens=int(metrics.get("output_tokens", 0)),
@@ -67,12 +68,14 @@ def summarize(
     failed: int = 0,
     failure_statuses: Counter | None = None,
 ) -> dict[str, Any]:
-    """Metrics over finished rollouts. Failed rollouts are counted, never averaged in as reward 0."""
+    """Metrics over finished rollouts. Failed rollouts are counted, never averaged in as reward 0; so are
+    rollouts whose verification was skipped (`unverified`): reward, its spread and pass@k are the verified ones'."""
     records = list(records)
     by_group: dict[str, list[float]] = defaultdict(list)
     for record in records:
-        by_group[record.group_id].append(record.reward)
-    rewards = [r.reward for r in records]
+        if record.reward is not None:
+            by_group[record.group_id].append(record.reward)
+    rewards = [r.reward for r in records if r.reward is not None]
     latencies = sorted(r.latency_s for r in records)
     statuses = Counter(r.status for r in records)
     if failure_statuses:
@@ -92,7 +95,8 @@ def summarize(
         "rollouts": count,
         "groups": len(by_group),
         "failed": failed,
-        "mean_reward": sum(rewards) / count if count else None,
+        **({"unverified": count - len(rewards)} if len(rewards) < count else {}),
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
         "reward_std": _std(rewards),
         "pass_threshold": pass_threshold,
         **pass_k,

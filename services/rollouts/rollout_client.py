@@ -167,6 +167,8 @@ class RolloutClient:
     how often one HTTP call is retried on connection errors, 429 and 5xx before that counts as a
     failed attempt; `retry_backoff_s` scales the jittered exponential wait between attempts;
     `rollout_budget_s` bounds all the attempts of one rollout together, waits included.
+    `skip_verification`: the agent does not call `/verify`; each rollout has `reward: None` and
+    `verification: "skipped"` (for SFT or filtering data, not for reward-based training).
     """
 
     def __init__(
@@ -182,6 +184,7 @@ class RolloutClient:
         retry_backoff_s: float = 0.5,
         concurrency: int = 32,
         rollout_budget_s: float | None = None,
+        skip_verification: bool = False,
     ) -> None:
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -200,6 +203,7 @@ class RolloutClient:
         self.retry_backoff_s = retry_backoff_s
         self.concurrency = concurrency
         self.rollout_budget_s = rollout_budget_s
+        self.skip_verification = skip_verification
         self._lock = threading.Lock()
         self._runner: _LoopThread | None = None
         self._client: ServerClient | None = None
@@ -338,7 +342,8 @@ class RolloutClient:
             group_id = group_id_for(row, index + 1)
             for repeat in range(count):
                 rollout_id = rollout_id_for(group_id, repeat)
-                jobs.append(_Job(index, repeat, agent, group_id, build_payload(row, merged, group_id, rollout_id)))
+                payload = build_payload(row, merged, group_id, rollout_id, skip_verification=self.skip_verification)
+                jobs.append(_Job(index, repeat, agent, group_id, payload))
         return jobs
 
     async def _run_jobs(self, client: ServerClient, jobs: list[_Job], rows: int, concurrency: int) -> RolloutResult:

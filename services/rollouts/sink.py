@@ -87,7 +87,8 @@ class RolloutSink:
         self.failure_statuses: Counter = Counter()
         self.failed_final = 0
         self.written = 0
-        self._reward_sum = sum(record.reward for record in self.records.values())
+        verified = [record.reward for record in self.records.values() if record.reward is not None]
+        self._reward_sum, self._verified = sum(verified), len(verified)  # unverified rollouts have no reward
         output.parent.mkdir(parents=True, exist_ok=True)
         note = repair_torn_tail(self.failures_path)
         if note:
@@ -106,7 +107,9 @@ class RolloutSink:
         self._out.flush()
         record = RolloutRecord.from_rollout(rollout)
         self.records[str(rollout["rollout_id"])] = record
-        self._reward_sum += record.reward
+        if record.reward is not None:
+            self._reward_sum += record.reward
+            self._verified += 1
         self.written += 1
         self._advance()
 
@@ -122,7 +125,7 @@ class RolloutSink:
 
     def _advance(self) -> None:
         # The postfix first, so the redraw of update() shows the mean including this rollout.
-        count = len(self.records)
+        count = self._verified
         self._bar.set_postfix(mean_reward=f"{self._reward_sum / count:.3f}" if count else "-",
                               failed=self.failed_final, refresh=False)
         self._bar.update(1)

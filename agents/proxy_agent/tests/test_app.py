@@ -257,3 +257,17 @@ def test_a_prompt_past_the_context_is_a_context_overflow(registry: dict[str, Ser
                 result = run(url, task())
     assert result["status"] == "context_overflow" and result["reward"] is None, result
     assert "does not fit the model's context" in result["error"]
+
+
+@pytest.mark.parametrize("reward", ["verify", "agent"])
+def test_skip_verification_scores_nothing_and_makes_up_no_reward(registry: dict[str, ServerAddress],
+                                                                 reward: str) -> None:
+    agent = "weather_loop" if reward == "verify" else "scored"
+    with proxy(registry, callable_agent(agent), reward=reward) as url:
+        result = run(url, {**task("Lima"), "skip_verification": True})
+    assert result["status"] == "ok" and result["error"] is None, result
+    assert result["reward"] is None and result["verification"] == "skipped"
+    assert "looked_up" not in result  # the environment's /verify answer never came
+    assert result["prefix_ok"] is True and result["metrics"]["turns"] == 2  # the rollout itself is whole
+    if reward == "agent":  # the workflow's own score is kept where it was, not made the reward
+        assert result["agent_score"] == 0.25

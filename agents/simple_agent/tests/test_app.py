@@ -454,3 +454,21 @@ def test_model_mistakes_become_tool_outputs(mistake_agent: httpx.Client, case: s
     assert result["metrics"]["turns"] == 2 and result["metrics"]["tool_calls"] == 1
     # No mistaken call reached the weather tool.
     assert result["looked_up"] == []
+
+
+def test_skip_verification_runs_the_loop_but_not_verify(token_agent: httpx.Client) -> None:
+    result = run(token_agent, weather_row("Tokyo", ["cloudy", "18"], skip_verification=True))
+    RunResponse.model_validate(result)
+    assert result["status"] == "ok" and result["error"] is None
+    assert result["reward"] is None and result["verification"] == "skipped"  # null, never a made-up 0
+    assert "looked_up" not in result  # only /verify's answer carries it
+    assert [item["type"] for item in result["response"]["output"]] == ["function_call", "function_call_output",
+                                                                      "message"]
+    assert result["prefix_ok"] is True and len(result["sequences"]) == 1
+    verified = run(token_agent, weather_row("Tokyo", ["cloudy", "18"]))
+    assert verified["reward"] == 1.0 and "verification" not in verified and verified["looked_up"] == ["Tokyo"]
+
+
+def test_skip_verification_must_be_a_boolean(agent: httpx.Client) -> None:
+    error = run(agent, weather_row("Paris", skip_verification="yes"), status_code=422)["error"]
+    assert error["field"] == "skip_verification"

@@ -62,6 +62,7 @@ class Collections:
         params = params_at(stage.collect.params, step, stage.epochs - 1)
         options = self.options(Path(stage.collect.files[level]), folder / "rollouts.jsonl",
                                repeats=stage.collect.repeats, limit=stage.collect.limit, params=params)
+        options.skip_verification = stage.collect.skip_verification
         summary = self.run(options, f"epoch {epoch} collect")
         if stage.collect.difficulty.enabled:
             summary["dynamic_sampling"] = self.refill(epoch, stage, folder, level, params)
@@ -123,7 +124,7 @@ class Collections:
             failures = summary.get("run", {}).get("failures")
             raise TrainError(f"{label}: every rollout failed ({_counts(summary.get('status_counts'))}), e.g. "
                                   f"{_first_failure(failures)}; all causes in {failures}")
-        keep = ("rollouts", "groups", "failed", "mean_reward", "reward_std", "status_counts")
+        keep = ("rollouts", "groups", "failed", "unverified", "mean_reward", "reward_std", "status_counts")
         return {k: v for k, v in summary.items() if k in keep or k.startswith("pass@")}
 
     def agent(self) -> str:
