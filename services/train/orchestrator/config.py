@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ...config import StrictModel, key_problems, read_mapping
 from ...data.advantages import AdvantageConfig
@@ -73,6 +73,26 @@ class OrchestratorConfig(StrictModel):
                                                                       "servers the agents sample from, as their "
                                                                       "/health says; else every one)")
     seed: int = 42
+    skip_verification: bool = Field(default=False, description="Surogate's buffer.skip_verification; refused: "
+                                    "a batch is GRPO groups weighed by their rewards")
+
+    @field_validator("advantage")
+    @classmethod
+    def _one_per_rollout(cls, advantage: AdvantageConfig) -> AdvantageConfig:
+        if advantage.type == "return_to_go":
+            raise ValueError("type return_to_go gives every model turn its own advantage, and the orchestrator's "
+                             "batches carry one advantage per rollout; use return_to_go in mode: epochs "
+                             "(stages[i].curate.advantage), or another type here (normalized, mean, rloo, ...)")
+        return advantage
+
+    @field_validator("skip_verification")
+    @classmethod
+    def _verified(cls, skip: bool) -> bool:
+        if skip:
+            raise ValueError("a batch is GRPO groups weighed by their rewards, so every rollout is verified; collect "
+                             "unverified rollouts with `rollgym collect-rollouts --skip-verification` or a stage's "
+                             "collect.skip_verification (data: sft)")
+        return skip
 
     @model_validator(mode="after")
     def _consistent(self) -> "OrchestratorConfig":
