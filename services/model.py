@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request, Response
 from .adapters import (Adapter, AdapterRegistry, LoadLoraAdapterRequest, UnloadLoraAdapterRequest, content_digest,
                        model_card, stamp_version)
 from .schema import ResponsesCreateParams
+from .scoring import ScoreRequest
 from .server import BadRequest, BaseServer, JSONBytesResponse, parse_body, read_json
 from .streaming import stream_chat_completion, stream_response, wants_usage
 
@@ -123,7 +124,21 @@ class ModelServer(BaseServer):
         """Answer a Chat Completions request (plain JSON in, plain JSON out)."""
         raise BadRequest("this model server does not serve /v1/chat/completions", status=404)
 
+    async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:
+        """Answer `POST /v1/score` (rollgym.scoring): the logprob of every completion token under the weights
+        `adapter` selects (None: the base)."""
+        raise BadRequest(f"model server {self.name!r} ({type(self).__name__}) cannot score tokens", status=404)
+
     def add_routes(self, app: FastAPI) -> None:
+        @app.post("/v1/score")
+        async def score(request: Request) -> JSONBytesResponse:
+            body = parse_body(ScoreRequest, await read_json(request))
+            if body.model is not None and body.model not in self.model_names() and body.model not in self.adapters:
+                # A teacher scored by the wrong weights would go unnoticed: an unknown name is not the policy.
+                raise BadRequest(f"model server {self.name!r} serves no model {body.model!r}", field="model",
+                                 status=404)
+            return JSONBytesResponse(await self.score(body, self.adapter_for({"model": body.model})))
+
         @app.post("/v1/responses")
         async def responses(request: Request) -> Response:
             payload = await read_json(request)

@@ -31,6 +31,7 @@ from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.chat_conversion import ConversionError, chat_response_to_output, responses_to_chat_request
 from rollgym.client import Reply
 from rollgym.model import stamp_sampling
+from rollgym.scoring import ScoreRequest, score_answer
 from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
@@ -159,6 +160,40 @@ class ChatCompletionsModel(ModelServer):
 
     def adapter_details(self, adapter: Adapter) -> dict[str, Any]:
         return {"backends": adapter.handle}
+
+    async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:
+        """The backend's prompt logprobs of `prompt + completion` (vLLM: /v1/completions with `prompt_logprobs`;
+        SGLang: /generate with `return_logprob` from the first completion token), its completion part."""
+        if self.config.backend == "openai":
+            raise BadRequest("an OpenAI backend cannot score given tokens (no prompt logprobs)", status=404)
+        if request.temperature != 1.0:
+            raise BadRequest("the backends' prompt logprobs are the model's own (temperature 1)", field="temperature")
+        start, ids, model = len(request.prompt_token_ids), request.all_ids, self.served_model(adapter)
+
+        async def call(backend: Backend) -> list[float]:
+            if self.config.backend == "sglang":
+                reply = await self._post(backend, "/generate", {
+                    "input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 1.0},
+                    "return_logprob": True, "logprob_start_len": start - 1, "lora_path": adapter.name if adapter
+                    else None}, root=True)
+                _raise_for_status(reply)
+                rows = (reply.json().get("meta_info") or {}).get("input_token_logprobs") or []
+                return [row[0] for row in rows[-len(request.completion_token_ids):]]
+            reply = await self._post(backend, "/completions", {"model": model, "prompt": ids, "max_tokens": 1,
+                                                               "prompt_logprobs": 0, "temperature": 1.0})
+            if reply.status in (404, 405):
+                raise BadRequest("the backend has no /v1/completions, so no prompt_logprobs: it cannot score given "
+                                 "tokens", status=404)
+            _raise_for_status(reply)
+            rows = ((reply.json().get("choices") or [{}])[0].get("prompt_logprobs") or [])[start:]
+            return [(row or {}).get(str(token), {}).get("logprob") for row, token in zip(rows, ids[start:])]
+
+        logprobs, _ = await self._routed(call)
+        if len(logprobs) != len(request.completion_token_ids) or any(not isinstance(x, (int, float)) for x in logprobs):
+            raise HTTPException(502, detail=f"backend: no prompt logprob for each of the {len(request.completion_token_ids)}"
+                                            " completion tokens (vLLM: prompt_logprobs; SGLang: input_token_logprobs)")
+        return score_answer(request, logprobs, model=adapter.name if adapter else self.config.model,
+                            version=self.version_of(adapter), vocab_size=None)
 
     @property
     def wants_tokens(self) -> bool:

@@ -28,6 +28,7 @@ from pydantic import Field, field_validator
 from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.chat_conversion import ConversionError, responses_to_chat_request
+from rollgym.scoring import ScoreRequest, check_vocabulary, score_answer
 from rollgym.sequences import previous_turn
 from rollgym.server import JSONBytesResponse, read_json
 
@@ -36,6 +37,7 @@ from .chat_format import RESERVED_TEMPLATE_VARIABLES, template_source
 from .engine import ContextLengthError, GenerationResult, LlamaEngine, bundled_model_path
 from .generation_queue import GenerationQueue
 from .lora import AdapterError, BaseModelInfo, gguf_lora_path
+from .scoring import score_tokens
 
 
 class LlamaCppConfig(ServerConfig):
@@ -161,6 +163,18 @@ class LlamaCppModel(ModelServer):
                                  with_logprobs=bool(payload.get("logprobs")))
         answer["model_version"] = self.version_of(adapter)
         return answer
+
+    async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:
+        """Teacher-forced logprobs of the completion tokens (models/llamacpp/scoring.py), queued like a generation."""
+        check_vocabulary(request, self.engine.n_vocab, self.name)
+        try:
+            logprobs = await self.queue.run(lambda: score_tokens(
+                self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature,
+                adapter.handle if adapter else None))
+        except ContextLengthError as exc:
+            raise BadRequest(str(exc), field="completion_token_ids") from None
+        return score_answer(request, logprobs, model=adapter.name if adapter else self.model_name,
+                            version=self.version_of(adapter), vocab_size=self.engine.n_vocab)
 
     def add_routes(self, app: FastAPI) -> None:
         super().add_routes(app)

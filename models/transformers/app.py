@@ -22,6 +22,7 @@ from pydantic import Field
 from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.chat_conversion import ConversionError, responses_to_chat_request
+from rollgym.scoring import ScoreRequest, check_vocabulary, score_answer
 from rollgym.sequences import previous_turn
 from rollgym.server import JSONBytesResponse, read_json
 from rollgym.tool_calls import parse_hermes_tool_calls
@@ -209,6 +210,20 @@ class TransformersModel(ModelServer):
         greedy = chat.get("temperature") is not None and float(chat["temperature"]) <= 0
         return "raw" if greedy else self.config.logprobs_mode
 
+    async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:
+        """Teacher-forced logprobs of the completion tokens, on the worker thread under the adapter's weights."""
+        check_vocabulary(request, self.engine.n_vocab, self.name)
+        if len(request.all_ids) > self.engine.n_ctx:
+            raise BadRequest(f"{len(request.all_ids)} tokens exceed n_ctx {self.engine.n_ctx}", field="completion_token_ids")
+
+        def run() -> list[float]:
+            self._select(adapter.handle if adapter else None)
+            return score_tokens(self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature)
+
+        logprobs = await self.queue.run(run)
+        return score_answer(request, logprobs, model=adapter.name if adapter else self.model_name,
+                            version=self.version_of(adapter), vocab_size=self.engine.n_vocab)
+
     def add_routes(self, app: FastAPI) -> None:
         super().add_routes(app)
 
@@ -314,3 +329,14 @@ def output_items(text: str, calls: list[dict[str, Any]], request: GenerationRequ
     if result.forced is not None:
         items[-1]["generation_forced"] = result.forced
     return items
+
+
+def score_tokens(engine: Engine, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]:
+    """log softmax(logits / T) of each completion token given everything before it: one forward pass."""
+    import torch
+
+    ids = torch.tensor([prompt_ids + completion_ids], device=engine.device)
+    with torch.no_grad():
+        logits = engine.model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1:-1].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)
+    return logprobs.gather(-1, torch.tensor(completion_ids, device=engine.device)[:, None])[:, 0].tolist()

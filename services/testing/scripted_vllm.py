@@ -587,6 +587,11 @@ def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: i
     if req.get("return_token_ids"):
         choice["token_ids"] = gen_ids
         choice["prompt_token_ids"] = list(prompt_ids)
+    if req.get("prompt_logprobs") is not None and shape != "sglang":  # vLLM's: None, then {id: Logprob} per token
+        choice["prompt_logprobs"] = [None] + [
+            {str(tid): {"logprob": _logprob(0, pos, tid), "rank": 1,
+                        "decoded_token": token_bytes(tid).decode("utf-8", errors="replace")}}
+            for pos, tid in enumerate(prompt_ids) if pos > 0]
     n_prompt, n_gen = len(prompt_ids), len(gen_ids)
     return {
         "id": f"cmpl-{secrets.token_hex(16)}",

@@ -1,8 +1,7 @@
 """Curation: collected rollouts → what a trainer trains on, with every dropped rollout counted by reason.
 
 Filters run in this order (each one optional, from the plan's `curate` section):
-stale (model_version is not the one being trained) → failed (no reward) or unverified (collected with
-`skip_verification`: reward null; kept only by `to_sft` with no key that reads rewards) → no usable token sequence →
+stale (model_version is not the one being trained) → failed (no reward) → no usable token sequence →
 tool errors (`tool_success_only`) → `filters` (degenerate generations, `rollgym.data.rollout_filters`: every
 flag counted, an `enforce`d one keeps the rollout out of training) → the curriculum (`rollgym.curriculum`, evaluated at the loop's
 epoch, on whole groups) → `min_reward` → `min_reward_spread` per group → `top_k_per_group` →
@@ -58,6 +57,8 @@ class CurateConfig(BaseModel):
     top_k_per_group: int | None = Field(default=None, ge=1, description="keep the k best rollouts of each group")
     dedupe_prompts: bool = Field(default=False, description="keep one group per identical prompt")
     min_reward_spread: float = Field(default=0.0, ge=0.0, description="drop groups whose max-min reward is below this")
+    keep_flat_groups: bool = Field(default=False, description="groups: keep groups without reward spread (advantage "
+                                   "0), whose tokens a teacher still teaches (on-policy distillation)")
     curriculum: CurriculumConfig | None = Field(default=None, description="the curriculum, evaluated per epoch")
     min_pair_diff: float = Field(default=0.1, ge=0.0, description="preferences: least reward gap of a pair")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig,
@@ -93,24 +94,6 @@ class Curated:
                 "dropped_prefix_broken": self.dropped.get("prefix_broken", 0),
                 **({"flagged": dict(sorted(self.flagged.items()))} if self.flagged else {}),
                 **({"replayed": self.replayed} if self.replayed else {})}
-
-
-def reward_keys(config: CurateConfig) -> list[str]:
-    """The `curate` keys set that read rewards, which a rollout collected with skip_verification does not have."""
-    return [key for key, used in (("min_reward", config.min_reward is not None),
-                                  ("top_k_per_group", config.top_k_per_group is not None),
-                                  ("min_reward_spread", config.min_reward_spread > 0),
-                                  ("curriculum", config.curriculum is not None)) if used]
-
-
-def unverified_problem(kind: DataKind, config: CurateConfig) -> str | None:
-    """Why rollouts collected with skip_verification cannot train under `kind` and `config`, or None."""
-    if kind != "sft":
-        return (f"unverified rollouts (reward null) cannot make {'GRPO groups' if kind == 'groups' else kind}, "
-                "which are ranked or weighed by reward; train on them with data: sft, or verify")
-    if keys := reward_keys(config):
-        return f"curate.{', curate.'.join(keys)} read rewards, which unverified rollouts (reward null) do not have"
-    return None
 
 
 def on_policy(rollout: dict[str, Any], version: str) -> bool:
@@ -201,11 +184,8 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
             dropped["stale"] += 1
             continue
         if rollout.get("reward") is None:
-            # Verification skipped: no reward to rank, pair or weigh by; plain SFT keeps the rollout.
-            unverified = rollout.get("verification") == "skipped"
-            if not unverified or kind != "sft" or reward_keys(config):
-                dropped["unverified" if unverified else "failed"] += 1
-                continue
+            dropped["failed"] += 1
+            continue
         chosen, problem = usable_sequences(rollout, config.segments)
         if problem:
             dropped[problem] += 1
@@ -243,10 +223,10 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
             dropped["below_min_reward"] += len(low)
             groups[g] = [r for r in members if r not in low]
     for g in list(groups):
-        if not groups[g]:
+        rewards = [float(r["reward"]) for r in groups[g]]
+        if not rewards:
             del groups[g]
             continue
-        rewards = [float(r["reward"]) for r in groups[g] if r["reward"] is not None]  # SFT keeps unverified ones
         if config.min_reward_spread > 0 and max(rewards) - min(rewards) + TOLERANCE < config.min_reward_spread:
             dropped["low_reward_spread"] += len(groups.pop(g))
     if config.top_k_per_group is not None:
@@ -337,7 +317,7 @@ def _to_groups(groups: dict[str, list[dict[str, Any]]], dropped: Counter, group_
         if group_size is not None and len(members) != group_size:
             dropped["incomplete_group"] += len(members)
             continue
-        if not grpo_keeps([float(r["reward"]) for r in members]):
+        if not grpo_keeps([float(r["reward"]) for r in members]) and not config.keep_flat_groups:
             dropped["zero_reward_spread"] += len(members)
             continue
         record = to_groups(g, members, config.advantage, keep_advantages)
@@ -390,6 +370,5 @@ def sampling_of(rollout: dict[str, Any]) -> dict[str, Any]:
             "top_p": 1.0 if top_p is None else float(top_p), "logprobs": "unknown"}
 
 
-__all__ = ["CurateConfig", "Curated", "CurationError", "curate", "on_policy", "reward_keys", "sampling_of", "to_groups",
-           "to_preferences", "to_sft", "to_sft_segments", "tool_failed", "unverified_problem", "usable_sequence",
-           "usable_sequences"]
+__all__ = ["CurateConfig", "Curated", "CurationError", "curate", "on_policy", "sampling_of", "to_groups",
+           "to_preferences", "to_sft", "to_sft_segments", "tool_failed", "usable_sequence", "usable_sequences"]

@@ -33,6 +33,7 @@ from .history import History
 from .optimize import Trainers, step_config
 from .plan import Plan, StageConfig
 from .run_folder import RunFolder, read_json
+from .teacher import TeacherError, score_records
 from .validation import Validation
 
 PHASES = ("collect", "curate", "optimize", "apply", "validate")
@@ -273,10 +274,16 @@ class TrainLoop:
         except CurationError as exc:
             bar.done(error="nothing to train on")
             raise TrainError(str(exc)) from None
+        scored = None
+        if stage.teacher is not None and curated.records:  # every trained token, scored by the teacher
+            try:
+                scored = score_records(curated.records, stage.teacher, self.serving.registry)
+            except TeacherError as exc:
+                raise TrainError(f"epoch {epoch} ({stage.name}) curate: {exc}") from None
         with (folder / "curated.jsonl").open("wb") as handle:
             for record in curated.records:
                 handle.write(orjson.dumps(record) + b"\n")
-        result = curated.summary()
+        result = curated.summary() | ({"teacher": scored} if scored else {})
         if not curated.records:
             result["skipped"] = f"nothing to learn from: the rollouts were usable, but {dropped}"
             self.log(f"epoch {epoch} ({stage.name}): no training step: {result['skipped']}; the served model stays")

@@ -42,9 +42,10 @@ from pydantic import Field, ValidationError, model_validator
 
 from ...config import StrictModel, import_target, key_problems, read_mapping
 from ...data.sampling import reshaping_knobs, temperature_schedule
-from .curation import CurateConfig, SegmentMode, unverified_problem
+from .curation import CurateConfig, SegmentMode
 from .dynamic_sampling import DifficultyConfig, difficulty_problem
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
+from .teacher import TeacherConfig, teacher_plan_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
 from ..trainers.base import BUILTIN, DATA_KIND
@@ -91,8 +92,6 @@ class CollectConfig(StrictModel):
     limit: int | None = Field(default=None, ge=1, description="use the first N tasks")
     params: dict[str, Any] = Field(default_factory=dict, description="merged into every responses_create_params; "
                                    "temperature may be a schedule over the stage's epochs (rollgym.data.sampling)")
-    skip_verification: bool = Field(default=False, description="agents skip /verify: rollouts with reward null "
-                                    "(verification: skipped), for data: sft only")
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig, description="dynamic sampling: refill "
                                          "groups without reward spread (dynamic_sampling.py)")
 
@@ -146,6 +145,7 @@ class StageConfig(StrictModel):
                                                                 "run's) curated with every epoch's live rollouts")
     curate: CurateConfig = Field(default_factory=CurateConfig)
     optimize: OptimizeConfig
+    teacher: TeacherConfig | None = Field(default=None, description="on-policy distillation (loop/teacher.py)")
     apply: Literal["lora", "merged", "none"] = Field(
         default="merged", description="lora: hot-load the adapter (POST /v1/load_lora_adapter); merged: serve the "
                                       "merged weights as a GGUF of serve_dtype (embedded model); none")
@@ -154,11 +154,6 @@ class StageConfig(StrictModel):
     def _has_data(self) -> "StageConfig":
         if self.collect is None and not self.replay:
             raise ValueError("a stage trains on collect (live rollouts), replay (rollouts files), or both")
-        if self.collect is not None and self.collect.skip_verification and (
-                problem := unverified_problem(self.optimize.data or "sft", self.curate)
-                or (self.collect.levels and self.collect.advance_on == "train"
-                    and "levels advance on the train reward: use advance_on: validation")):
-            raise ValueError(f"collect.skip_verification: {problem}")
         if self.collect is not None and (problem := difficulty_problem(self.collect.difficulty, self.optimize.data,
                                                                        self.optimize.trainer)):
             raise ValueError(problem)
@@ -259,7 +254,7 @@ class Plan(StrictModel):
         if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
             problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
-        problems += self._sampling_problems() + self._full_weight_problems()
+        problems += self._sampling_problems() + self._full_weight_problems() + teacher_plan_problems(self.stages)
         if problems:  # every one, one per line (load_plan gives each line the file and key)
             raise ValueError("\n".join(problems))
         return self

@@ -39,13 +39,17 @@ model turn's) and no π_old (the ratio is to the sampling policy μ directly):
     ρ̄_i      = exp(mean_t log ρ_it)                                   geometric-mean ratio of sequence i
     R_it     = ρ_it                            ratio_type: token
                min(ρ̄_i, sequence_clip_high)    ratio_type: sequence (one ratio per sequence, GSPO-style)
-    c_it     = R_it · (adv_tau · A_it − kl_tau · log ρ_it)            (no gradient)
+    c_it     = R_it · (adv_tau · A_it − kl_tau · log ρ_it − teacher_tau · (log π_θ,it − log π_T,it))   (no gradient)
     keep_it  = token_mask_low ≤ ρ_it ≤ token_mask_high
                and geo_mask_low ≤ ρ̄_i ≤ geo_mask_high
                and min_t ρ_it ≥ sequence_mask_low and max_t ρ_it ≤ sequence_mask_high
     L_it     = −c_it · log π_θ,it  (+ kl_beta · k3 to the reference, as under ppo_tis)
 
 and the batch loss is Σ_i Σ_t keep_it · L_it · s_i with the aggregation's s_i (`sequence_scales`).
+log π_T is the teacher's logprob of the token (on-policy distillation, `teacher_logprobs`; the loop asks a
+teacher model server for them, rollgym.train.loop.teacher): a token the student likes more than the
+teacher gets a negative coefficient, one it likes less a positive one, the per-token reverse KL
+KL(π_θ ‖ π_T) as a reward (prime-rl's `teacher_tau`, added to the advantage).
 The gradient is −Σ keep · s · c · ∇log π_θ. The value computed is −Σ keep · s · c · (log π_θ − sg(log π_θ)
 + 1), which has that gradient and the value −Σ keep · s · c (the surrogate's, what a history can compare
 across steps), rather than −Σ c · log π, whose value mixes in the logprobs' size.
@@ -125,9 +129,6 @@ class LossConfig(BaseModel):
                           ("sequence_mask_low", "sequence_mask_high")):
             if getattr(self, low) >= getattr(self, high):
                 raise ValueError(f"{low} {getattr(self, low)} must be below {high} {getattr(self, high)}")
-        if self.teacher_tau > 0:
-            raise ValueError("teacher_tau > 0 needs the teacher's logprobs of every sampled token, which no "
-                             "collection records yet (on-policy distillation); set teacher_tau: 0")
         return self
 
 
@@ -157,7 +158,7 @@ def sequence_scales(token_counts: Sequence[int], config: LossConfig,
 SUROGATE_STATS = ("token_masked_low", "token_masked_high", "geo_masked_low", "geo_masked_high",
                   "sequence_masked_low", "sequence_masked_high", "sequence_clipped")
 STATS = ("rho_sum", "rho_min", "rho_max", "capped", "clipped", "masked_rollouts", "masked_tokens",
-         "mismatch_kl_sum", "kl_sum", *SUROGATE_STATS)
+         "mismatch_kl_sum", "kl_sum", *SUROGATE_STATS, "teacher_kl_sum")
 
 
 @dataclass
@@ -186,6 +187,7 @@ class LossTerms:
     masked_tokens = property(lambda self: int(self._stat("masked_tokens")))
     mismatch_kl_sum = property(lambda self: self._stat("mismatch_kl_sum"))
     kl_sum = property(lambda self: self._stat("kl_sum"))
+    teacher_kl_sum = property(lambda self: self._stat("teacher_kl_sum"))
 
 
 def mask_metrics(sums: dict[str, float], tokens: float, config: LossConfig) -> dict[str, float]:
@@ -206,12 +208,13 @@ def mask_metrics(sums: dict[str, float], tokens: float, config: LossConfig) -> d
 def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling_logprobs: "torch.Tensor",  # noqa: F821
                 advantages: "torch.Tensor", rollout_index: "torch.Tensor", scales: "torch.Tensor",  # noqa: F821
                 config: LossConfig, ref_logprobs: "torch.Tensor | None" = None,  # noqa: F821
-                rollouts: int | None = None) -> LossTerms:
+                rollouts: int | None = None, teacher_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
     """The objective over a micro-batch's loss tokens, as flat 1-D tensors of one length.
 
     `rollout_index[t]` numbers the rollout (within this micro-batch) token t belongs to; `advantages`
     and `scales` are per token too (the rollout's A_i and s_i). Only tokens with m_it = 1 are passed.
     `rollouts`: how many rollouts the micro-batch has (given, nothing here waits for the device).
+    `teacher_logprobs`: log π_T per token (surogate's teacher_tau; required when it is above 0).
     """
     import torch
 
@@ -220,7 +223,7 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
         rollouts = int(rollout_index.max()) + 1 if count else 0
     if config.objective == "surogate":
         return surogate_loss(logprobs, old_logprobs, sampling_logprobs, advantages, rollout_index, scales, config,
-                             ref_logprobs, rollouts)
+                             ref_logprobs, rollouts, teacher_logprobs)
     old = old_logprobs.detach()
     log_rho = (old - sampling_logprobs.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     rho = log_rho.exp()
@@ -264,16 +267,18 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
         stats = torch.stack([
             rho.sum(), rho.amin() if count else one, rho.amax() if count else one, capped.to(rho.dtype),
             clipped.to(rho.dtype), (~keep_rollout).sum().to(rho.dtype), (keep == 0).sum().to(rho.dtype),
-            (-log_rho).sum(), kl.detach().sum().to(rho.dtype), *[0 * one] * len(SUROGATE_STATS)]).double()
+            (-log_rho).sum(), kl.detach().sum().to(rho.dtype), *[0 * one] * len(SUROGATE_STATS), 0 * one]).double()
     return LossTerms(loss=loss, tokens=count, stats=stats)
 
 
 def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noqa: F821
                   sampling_logprobs: "torch.Tensor", advantages: "torch.Tensor",  # noqa: F821
                   rollout_index: "torch.Tensor", scales: "torch.Tensor", config: LossConfig,  # noqa: F821
-                  ref_logprobs: "torch.Tensor | None", rollouts: int) -> LossTerms:  # noqa: F821
+                  ref_logprobs: "torch.Tensor | None", rollouts: int,  # noqa: F821
+                  teacher_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
     """The objective over a micro-batch's loss tokens (the arguments of `grpo_loss.policy_loss`).
-    `old_logprobs` only measures the mismatch KL (Σ log μ − log π_old), as under ppo_tis."""
+    `old_logprobs` only measures the mismatch KL (Σ log μ − log π_old), as under ppo_tis; `teacher_kl_sum`
+    is Σ (log π_θ − log π_T) before this step's update (0 without a teacher)."""
     import torch
 
     count = int(logprobs.numel())
@@ -304,7 +309,16 @@ def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noq
     else:
         weight = ratio
         sequence_clipped = torch.zeros_like(geometric, dtype=torch.bool)
-    coeff = weight * (config.adv_tau * advantages - config.kl_tau * log_ratio)
+    signal = config.adv_tau * advantages - config.kl_tau * log_ratio
+    teacher_gap = torch.zeros_like(current)
+    if config.teacher_tau > 0:
+        if teacher_logprobs is None:
+            raise ValueError("loss.teacher_tau > 0 needs the teacher's logprobs of every loss token (a plan's teacher)")
+        teacher_gap = current - teacher_logprobs.detach()
+        signal = signal - config.teacher_tau * teacher_gap
+    elif teacher_logprobs is not None:
+        teacher_gap = current - teacher_logprobs.detach()  # measured, not trained on
+    coeff = weight * signal
     per_token = -coeff * (logprobs - current + 1.0)
     kl = torch.zeros_like(logprobs)
     if ref_logprobs is not None and config.kl_beta > 0:
@@ -322,7 +336,7 @@ def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noq
             ratio.sum(), ratio.amin() if count else one, ratio.amax() if count else one, 0 * one, 0 * one,
             masked_sequence.sum().to(ratio.dtype), (keep == 0).sum().to(ratio.dtype), mismatch.sum(),
             kl.detach().sum().to(ratio.dtype), *[counts[name].sum().to(ratio.dtype) for name in SUROGATE_STATS],
-        ]).double()
+            teacher_gap.sum().to(ratio.dtype)]).double()
     return LossTerms(loss=loss, tokens=count, stats=stats)
 
 

@@ -58,6 +58,8 @@ class TrainSequence:
     rollout: int | None = None  # None: a rollout of its own
     # Per completion token, its model turn's advantage (curate.advantage return_to_go); None: `advantage`.
     token_advantages: list[float] | None = None
+    # Per completion token, a teacher's logprob (on-policy distillation: loss.teacher_tau); None: no teacher.
+    teacher_logprobs: list[float] | None = None
 
     @property
     def loss_tokens(self) -> int:
@@ -107,7 +109,8 @@ def sequences_of(groups: list[dict[str, Any]], temperature: float | None = None)
                                              model_token_mask(sequence),
                                              [float(x) for x in sequence["completion_logprobs"]],
                                              float(member["advantage"]), sampled_at, number,
-                                             turn_token_advantages(sequence, where)))
+                                             turn_token_advantages(sequence, where),
+                                             teacher_of(sequence, where)))
             number += 1
         out.append(members)
     return out
@@ -121,6 +124,17 @@ def turn_token_advantages(sequence: dict[str, Any], where: str) -> list[float] |
         return token_advantages(sequence["completion_mask"], sequence["turn_advantages"])
     except ValueError as exc:
         raise TrainingFailed(f"{where}: {exc}") from None
+
+
+def teacher_of(sequence: dict[str, Any], where: str) -> list[float] | None:
+    """A sequence's `teacher_logprobs` (one per completion token), checked against its length."""
+    values = sequence.get("teacher_logprobs")
+    if values is None:
+        return None
+    if len(values) != len(sequence["completion_ids"]):
+        raise TrainingFailed(f"{where}: {len(values)} teacher_logprobs for {len(sequence['completion_ids'])} "
+                             "completion tokens")
+    return [float(x) for x in values]
 
 
 def rollout_keys(batch: list[TrainSequence]) -> list[Any]:
@@ -508,6 +522,9 @@ class PolicyTrainer:
         ratio is then 1, with the gradient of log π), computed without gradient when there are more."""
         if not any(seq.loss_tokens for seq in batch):
             raise TrainingFailed("a batch with no token the policy sampled (every token the environment's or forced)")
+        if self.args.loss.teacher_tau > 0 and any(seq.teacher_logprobs is None for seq in batch):
+            raise TrainingFailed("loss.teacher_tau > 0, but a rollout has no teacher_logprobs: name a teacher for "
+                                 "the stage (stages[i].teacher), which scores every trained token")
         count = self.args.mini_batches
         if old_logprobs is not None:
             old = [old_logprobs[id(seq)] for seq in batch]
@@ -585,7 +602,7 @@ class PolicyTrainer:
             attention.append([1] * len(row_ids) + [0] * pad)
             position_ids.append(row_positions + list(range(pad)))  # the padding: a segment of its own
         # Loss tokens in the order of `sequences`, whatever rows they were packed into.
-        positions, targets, temperatures, sampled, rollout, advantages = [], [], [], [], [], []
+        positions, targets, temperatures, sampled, rollout, advantages, teacher = [], [], [], [], [], [], []
         for k, seq in enumerate(sequences):
             for j, (token, keep) in enumerate(zip(seq.completion_ids, seq.loss_mask)):
                 if keep:
@@ -595,6 +612,8 @@ class PolicyTrainer:
                     rollout.append(k)
                     temperatures.append(seq.temperature)
                     advantages.append(seq.advantage if seq.token_advantages is None else seq.token_advantages[j])
+                    if seq.teacher_logprobs is not None:
+                        teacher.append(seq.teacher_logprobs[j])
         # Made on the host and sent to the model's device: from pinned memory without blocking on a GPU, so
         # building the next micro-batch does not wait for the last one's kernels.
         device = self.device
@@ -613,7 +632,8 @@ class PolicyTrainer:
                 "positions": put(positions, torch.long), "targets": put(targets, torch.long),
                 "temperatures": put(temperatures, torch.float32), "sampled": put(sampled, torch.float32),
                 "rollout": put(rollout, torch.long), "rollout_list": rollout,
-                "advantages": put(advantages, torch.float32)}
+                "advantages": put(advantages, torch.float32),
+                "teacher": put(teacher, torch.float32) if len(teacher) == len(targets) else None}
 
     def _forward(self, tensors: dict[str, Any]) -> Any:
         return self.module(tensors["input_ids"], tensors["attention_mask"], tensors["positions"], tensors["targets"],
@@ -678,7 +698,8 @@ class PolicyTrainer:
                           else logprobs.detach())
                 ref_lp = torch.cat([ref[i] for i in indices]).to(self.device) if ref is not None else None
                 terms = policy_loss(logprobs, old_lp, tensors["sampled"], tensors["advantages"], tensors["rollout"],
-                                    token_scales, args.loss, ref_lp, rollouts=len(indices))
+                                    token_scales, args.loss, ref_lp, rollouts=len(indices),
+                                    teacher_logprobs=tensors["teacher"])
                 # DDP averages gradients over processes; the scales already divide by the whole batch.
                 (terms.loss * dist.world).backward()
             if dummy:
@@ -696,6 +717,7 @@ class PolicyTrainer:
         *totals, loss, gap_sum, tokens, rollouts = dist.all_sum(
             [measured[name] for name in summed] + values[-2:] + [float(tokens), float(rollouts)])
         named = dict(zip(summed, totals))
+        taught = {"teacher_kl": named["teacher_kl_sum"] / max(tokens, 1.0)} if batch[0].teacher_logprobs else {}
         rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl = (named[name] for name in (
             "rho_sum", "capped", "clipped", "masked_rollouts", "masked_tokens", "mismatch_kl_sum", "kl_sum"))
         gap_tokens = tokens
@@ -726,7 +748,7 @@ class PolicyTrainer:
                 "clip_fraction": clipped / tokens, "masked_fraction": masked_tokens / tokens,
                 "masked_rollouts": masked_rollouts, "mismatch_kl": mismatch_kl / tokens, "kl": kl / tokens,
                 "logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)} | mask_metrics(named, tokens,
-                                                                                                     args.loss)
+                                                                                                     args.loss) | taught
 
 
 def checkpoint_of(path: str | None) -> str | None:
