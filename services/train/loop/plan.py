@@ -42,7 +42,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from ...config import StrictModel, import_target, key_problems, read_mapping
 from ...data.sampling import reshaping_knobs, temperature_schedule
-from .curation import CurateConfig, SegmentMode
+from .curation import CurateConfig, SegmentMode, unverified_problem
 from .dynamic_sampling import DifficultyConfig, difficulty_problem
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .teacher import TeacherConfig, teacher_plan_problems
@@ -92,6 +92,8 @@ class CollectConfig(StrictModel):
     limit: int | None = Field(default=None, ge=1, description="use the first N tasks")
     params: dict[str, Any] = Field(default_factory=dict, description="merged into every responses_create_params; "
                                    "temperature may be a schedule over the stage's epochs (rollgym.data.sampling)")
+    skip_verification: bool = Field(default=False, description="agents skip /verify: rollouts with reward null "
+                                    "(verification: skipped), for data: sft only")
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig, description="dynamic sampling: refill "
                                          "groups without reward spread (dynamic_sampling.py)")
 
@@ -154,6 +156,11 @@ class StageConfig(StrictModel):
     def _has_data(self) -> "StageConfig":
         if self.collect is None and not self.replay:
             raise ValueError("a stage trains on collect (live rollouts), replay (rollouts files), or both")
+        if self.collect is not None and self.collect.skip_verification and (
+                problem := unverified_problem(self.optimize.data or "sft", self.curate)
+                or (self.collect.levels and self.collect.advance_on == "train"
+                    and "levels advance on the train reward: use advance_on: validation")):
+            raise ValueError(f"collect.skip_verification: {problem}")
         if self.collect is not None and (problem := difficulty_problem(self.collect.difficulty, self.optimize.data,
                                                                        self.optimize.trainer)):
             raise ValueError(problem)
