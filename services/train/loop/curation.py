@@ -226,6 +226,10 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
             dropped[enforced] += 1
             continue
         kept.append({**rollout, "_sequence": segments[0], "_segments": segments, "_filtered": enforced})
+    if rollouts and not kept and config.segments == "drop" and dropped.get("prefix_broken") == len(rollouts):
+        raise CurationError(
+            f"{stage}: every one of the {len(rollouts)} rollouts has several segments (a template that strips "
+            "earlier reasoning, a rewritten history, a sub-agent) and curate.segments is drop: use all or last")
     if rollouts and not kept and tokens_missing:
         raise CurationError(
             f"{stage}: none of the {len(rollouts)} rollouts carries token ids and sampling logprobs "
