@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rollgym.schema import RunResponse
+from rollgym.schema import RolloutLine
 from rollgym.testing import REPO_ROOT, scripted_backend
 from tests.conftest import start_rollgym, stop_rollgym
 
@@ -88,7 +88,7 @@ def test_collect_400_rollouts_then_resume(running_stack, tmp_path: Path) -> None
     groups = Counter(r["group_id"] for r in rollouts)
     assert len(groups) == 100 and set(groups.values()) == {4}
     for r in rollouts:
-        RunResponse.model_validate(r)
+        RolloutLine.model_validate(r)  # a line of the rollouts file: output at the top, metadata beside it
         assert r["status"] == "ok" and r["reward"] in (0.0, 1.0)
         assert r["rollout_id"].startswith(r["group_id"] + "-r")
         assert r["looked_up"] == [r["city"]]  # the session's own tool calls, no cross-talk
