@@ -40,6 +40,10 @@ class TokenFields(BaseModel):
     sampling: dict[str, Any] | None = None
     # 1 where a grammar (a forced tool call) admitted no other token.
     generation_forced: list[int] | None = None
+    # 1 where a grammar restricted the choice (every token of a grammar-constrained call, forced ones too):
+    # sampled from the model's distribution renormalised over what the grammar admitted, not from the
+    # model's own distribution, which the logprobs are of.
+    generation_constrained: list[int] | None = None
 
     @model_validator(mode="after")
     def _all_or_none(self) -> "TokenFields":
@@ -197,6 +201,8 @@ class Sequence(BaseModel):
     model_versions: list[str | None] | None = None
     # 1 where a grammar forced the token (not sampled: out of the policy loss), when the server reports it.
     completion_forced: list[int] | None = None
+    # 1 where a grammar restricted the choice (`generation_constrained`), when the server reports it.
+    completion_constrained: list[int] | None = None
     # Set by agents whose rollouts branch into several sequences: whether this one's turns extend each other.
     prefix_ok: bool | None = None
 

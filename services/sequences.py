@@ -28,6 +28,7 @@ class TokenRecord:
     logprobs: list[float]
     model_version: str | None = None
     forced: list[int] | None = None  # 1 where a grammar admitted no other token (`generation_forced`)
+    constrained: list[int] | None = None  # 1 where a grammar restricted the choice (`generation_constrained`)
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -53,8 +54,10 @@ def token_record(item: Any) -> TokenRecord | None:
         return None
     version = item.get("model_version")
     forced = _int_list(item.get("generation_forced"))
+    constrained = _int_list(item.get("generation_constrained"))
     return TokenRecord(list(prompt), list(generation), values, str(version) if version is not None else None,
-                       forced if forced is not None and len(forced) == len(generation) else None)
+                       forced if forced is not None and len(forced) == len(generation) else None,
+                       constrained if constrained is not None and len(constrained) == len(generation) else None)
 
 
 def previous_turn(payload: dict[str, Any], system_role: str = "system") -> tuple[TokenRecord, list[dict[str, Any]]] | None:
@@ -91,7 +94,8 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
     masked); when any model call reported a `model_version`, also `model_versions` (one entry per
     model call merged into that sequence, in order, None where a call reported none); when any
     reported which tokens a grammar forced, also `completion_forced` (1 = forced, not sampled; 0 for
-    environment tokens and calls that reported nothing). prefix_ok is
+    environment tokens and calls that reported nothing), and likewise `completion_constrained` (1 where a
+    grammar restricted the choice, `generation_constrained`). prefix_ok is
     None when no item carried tokens, False when any turn failed to extend the tokens before it.
     Malformed token records are skipped; this never raises on odd input.
     """
@@ -100,6 +104,7 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
         return [], None
     with_versions = any(r.model_version is not None for r in records)
     with_forced = any(r.forced is not None for r in records)
+    with_constrained = any(r.constrained is not None for r in records)
     sequences: list[dict[str, list]] = []
     prefix_ok = True
     current: dict[str, list] | None = None
@@ -118,6 +123,9 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
                     current["model_versions"].append(record.model_version)
                 if with_forced:
                     current["completion_forced"].extend([0] * len(added) + (record.forced or [0] * len(record.generation)))
+                if with_constrained:
+                    current["completion_constrained"].extend(
+                        [0] * len(added) + (record.constrained or [0] * len(record.generation)))
                 continue
             prefix_ok = False
         current = {
@@ -130,6 +138,8 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
             current["model_versions"] = [record.model_version]
         if with_forced:
             current["completion_forced"] = list(record.forced or [0] * len(record.generation))
+        if with_constrained:
+            current["completion_constrained"] = list(record.constrained or [0] * len(record.generation))
         sequences.append(current)
     return sequences, prefix_ok
 

@@ -287,6 +287,7 @@ class ChatCompletionsModel(ModelServer):
             forced = [int(logprob == 0.0) for logprob in tokens["generation_log_probs"]]
             if any(forced):
                 tokens["generation_forced"] = forced
+            tokens["generation_constrained"] = [1] * len(tokens["generation_log_probs"])
         return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
                     self.config.model_version or backend_model_version(chat))
 

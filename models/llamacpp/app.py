@@ -247,6 +247,8 @@ def output_items(result: GenerationResult) -> list[dict[str, Any]]:
                      generation_log_probs=result.generation_log_probs)
     if result.generation_forced is not None:
         items[-1]["generation_forced"] = result.generation_forced
+    if result.generation_constrained is not None:
+        items[-1]["generation_constrained"] = result.generation_constrained
     return items
 
 

@@ -101,6 +101,9 @@ class GenerationResult:
     cached_tokens: int = 0
     # 1 where a grammar (a forced tool call) admitted no other token: not sampled, not to be trained on.
     generation_forced: list[int] | None = None
+    # 1 for every token generated under a grammar: sampled from the model's distribution renormalised over
+    # what the grammar admitted, while the logprobs are of the model's own (a teacher's KL leaves them out).
+    generation_constrained: list[int] | None = None
 
 
 def bundled_model_path() -> str:
@@ -476,6 +479,7 @@ class LlamaEngine:
             generation_token_ids=ids,
             generation_log_probs=logprobs,
             generation_forced=forced,
+            generation_constrained=[1] * len(ids) if grammar is not None else None,
             prefix_ok=prefix_ok,
             prompt_tokens=len(prompt_ids),
             completion_tokens=len(ids),

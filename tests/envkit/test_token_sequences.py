@@ -45,6 +45,12 @@ def test_grammar_forced_tokens_are_carried_into_the_sequence() -> None:
     assert "completion_forced" not in merge_sequences([item([1], [2])])[0][0]
     # A list of the wrong length is not trusted.
     assert "completion_forced" not in merge_sequences([{**item([1], [2, 3]), "generation_forced": [1]}])[0][0]
+    # Every token of a call under a grammar is marked constrained (forced or not); the free call is not.
+    constrained = {**forced, "generation_constrained": [1, 1, 1]}
+    sequences, _ = merge_sequences([constrained, item([1, 2, 3, 4, 5, 9], [6])])
+    assert sequences[0]["completion_constrained"] == [1, 1, 1, 0, 0]
+    Sequence.model_validate(sequences[0])
+    assert "completion_constrained" not in merge_sequences(items)[0][0]
 
 
 def test_drift_starts_a_new_sequence() -> None:

@@ -92,6 +92,8 @@ def test_tokens_a_grammar_forced_are_flagged_and_tool_choice_none_keeps_calls_as
     free = client.post("/v1/responses", json={
         "input": [{"role": "user", "content": "What is the weather in Oslo?"}], "tools": [WEATHER_TOOL]}).json()
     assert free["output"][-1]["type"] == "function_call" and "generation_forced" not in free["output"][-1]
+    assert call["generation_constrained"] == [1] * len(call["generation_token_ids"])
+    assert "generation_constrained" not in free["output"][-1]
 
     # On the token-prompt path the backend never sees tool_choice: a call written anyway under "none" stays text.
     first = client.post("/v1/responses", json={"input": [{"role": "user", "content": "hi"}], "tools": [WEATHER_TOOL],

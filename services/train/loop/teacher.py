@@ -11,7 +11,9 @@ a time; the answers go on the sequence as `teacher_logprobs`, which the GRPO tra
 weighs by `loss.teacher_tau` (docs/trainers.md). A failed call fails the epoch's curation with its cause:
 a missing teacher logprob is never a zero. The token ids are the student's, so before the first call the
 teacher and the policy model server tokenize one probe text and must agree (and the teacher refuses ids
-outside its vocabulary at every call).
+outside its vocabulary at every call). The teacher scores at each rollout's sampling temperature, the one
+the trainer computes the student's logprobs at (unless `temperature` says otherwise), and tokens sampled
+under a grammar (`completion_constrained`) are scored but outside the KL (grpo_loss says why).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ class TeacherConfig(StrictModel):
                               "default: the server's own choice (its latest adapter, else its base)")
     lora_path: str | None = Field(default=None, description="a PEFT adapter the loop loads on the teacher (as "
                                   "`model`, default name 'teacher') before the first score")
-    temperature: float = Field(default=1.0, gt=0, description="the teacher's logits / T (1: its own distribution)")
+    temperature: float | None = Field(default=None, gt=0, description="the teacher's logits / T; default: each "
+                                      "rollout's sampling temperature, at which the trainer compares the student")
     concurrency: int = Field(default=4, ge=1, description="score calls in flight")
     timeout_s: float = Field(default=300.0, gt=0, description="each score call's time limit")
     check_tokenizer: bool = Field(default=True, description="compare the teacher's tokenization of a probe text "
@@ -83,9 +86,9 @@ def teacher_plan_problems(stages: list[Any]) -> list[str]:
 def score_records(records: list[dict[str, Any]], config: TeacherConfig,
                   registry: Mapping[str, Any]) -> dict[str, Any]:
     """Put `teacher_logprobs` on every sequence of the curated group records (in place); what was scored:
-    sequences, model tokens, and `teacher_kl_sampled`, the mean over model tokens of log μ − log π_T (the
-    sampling logprob against the teacher's: the reverse KL to the teacher, estimated on the student's own
-    samples, before this epoch's update). TeacherError on any failure."""
+    sequences, `tokens` (model tokens sampled without a grammar), and `teacher_kl_sampled`, their mean of
+    log μ − log π_T (the sampling logprob against the teacher's: the reverse KL to the teacher, estimated on
+    the student's own samples, before this epoch's update). TeacherError on any failure."""
     return asyncio.run(_score_all(records, config, registry))
 
 
@@ -100,14 +103,16 @@ async def _score_all(records: list[dict[str, Any]], config: TeacherConfig,
 
         async def one(member: dict[str, Any], sequence: dict[str, Any]) -> None:
             async with gate:
-                sequence["teacher_logprobs"] = await _score(client, config, sequence, member.get("rollout_id"))
+                sequence["teacher_logprobs"] = await _score(client, config, sequence, member)
 
         await asyncio.gather(*(one(member, sequence) for member, sequence in jobs))
     finally:
         await client.close()
     gaps = [sampled - taught for _, sequence in jobs
-            for sampled, taught, keep in zip(sequence["completion_logprobs"], sequence["teacher_logprobs"],
-                                             model_token_mask(sequence)) if keep]
+            for sampled, taught, keep, constrained in zip(
+                sequence["completion_logprobs"], sequence["teacher_logprobs"], model_token_mask(sequence),
+                sequence.get("completion_constrained") or [0] * len(sequence["completion_ids"]))
+            if keep and not constrained]
     return {"server": config.server, "model": config.model_name, "sequences": len(jobs), "tokens": len(gaps),
             "teacher_kl_sampled": sum(gaps) / len(gaps) if gaps else None}
 
@@ -146,9 +151,11 @@ async def _probe(client: ServerClient, server: str) -> list[int] | None:
 
 
 async def _score(client: ServerClient, config: TeacherConfig, sequence: dict[str, Any],
-                 rollout_id: Any) -> list[float]:
+                 member: dict[str, Any]) -> list[float]:
+    rollout_id = member.get("rollout_id")
+    temperature = config.temperature or float((member.get("sampling") or {}).get("temperature", 1.0))
     body = {"prompt_token_ids": sequence["prompt_ids"], "completion_token_ids": sequence["completion_ids"],
-            "temperature": config.temperature}
+            "temperature": temperature}
     if config.model_name:
         body["model"] = config.model_name
     where = f"teacher {config.server}: rollout {rollout_id}"

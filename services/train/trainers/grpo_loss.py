@@ -49,7 +49,10 @@ and the batch loss is Σ_i Σ_t keep_it · L_it · s_i with the aggregation's s_
 log π_T is the teacher's logprob of the token (on-policy distillation, `teacher_logprobs`; the loop asks a
 teacher model server for them, rollgym.train.loop.teacher): a token the student likes more than the
 teacher gets a negative coefficient, one it likes less a positive one, the per-token reverse KL
-KL(π_θ ‖ π_T) as a reward (prime-rl's `teacher_tau`, added to the advantage).
+KL(π_θ ‖ π_T) as a reward (prime-rl's `teacher_tau`, added to the advantage). A token sampled under a
+grammar (its teacher logprob NaN: `completion_constrained`) has no teacher term: it was drawn from π_θ
+renormalised over what the grammar admitted, so log π_θ − log π_T there is no sample of that KL (it runs
+negative wherever the teacher puts more mass than the student on what the grammar admits).
 The gradient is −Σ keep · s · c · ∇log π_θ. The value computed is −Σ keep · s · c · (log π_θ − sg(log π_θ)
 + 1), which has that gradient and the value −Σ keep · s · c (the surrogate's, what a history can compare
 across steps), rather than −Σ c · log π, whose value mixes in the logprobs' size.
@@ -158,7 +161,7 @@ def sequence_scales(token_counts: Sequence[int], config: LossConfig,
 SUROGATE_STATS = ("token_masked_low", "token_masked_high", "geo_masked_low", "geo_masked_high",
                   "sequence_masked_low", "sequence_masked_high", "sequence_clipped")
 STATS = ("rho_sum", "rho_min", "rho_max", "capped", "clipped", "masked_rollouts", "masked_tokens",
-         "mismatch_kl_sum", "kl_sum", *SUROGATE_STATS, "teacher_kl_sum")
+         "mismatch_kl_sum", "kl_sum", *SUROGATE_STATS, "teacher_kl_sum", "teacher_tokens")
 
 
 @dataclass
@@ -188,6 +191,7 @@ class LossTerms:
     mismatch_kl_sum = property(lambda self: self._stat("mismatch_kl_sum"))
     kl_sum = property(lambda self: self._stat("kl_sum"))
     teacher_kl_sum = property(lambda self: self._stat("teacher_kl_sum"))
+    teacher_tokens = property(lambda self: int(self._stat("teacher_tokens")))
 
 
 def mask_metrics(sums: dict[str, float], tokens: float, config: LossConfig) -> dict[str, float]:
@@ -214,7 +218,8 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
     `rollout_index[t]` numbers the rollout (within this micro-batch) token t belongs to; `advantages`
     and `scales` are per token too (the rollout's A_i and s_i). Only tokens with m_it = 1 are passed.
     `rollouts`: how many rollouts the micro-batch has (given, nothing here waits for the device).
-    `teacher_logprobs`: log π_T per token (surogate's teacher_tau; required when it is above 0).
+    `teacher_logprobs`: log π_T per token (surogate's teacher_tau; required when it is above 0), NaN where
+    a token has no teacher term (sampled under a grammar).
     """
     import torch
 
@@ -267,7 +272,8 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
         stats = torch.stack([
             rho.sum(), rho.amin() if count else one, rho.amax() if count else one, capped.to(rho.dtype),
             clipped.to(rho.dtype), (~keep_rollout).sum().to(rho.dtype), (keep == 0).sum().to(rho.dtype),
-            (-log_rho).sum(), kl.detach().sum().to(rho.dtype), *[0 * one] * len(SUROGATE_STATS), 0 * one]).double()
+            (-log_rho).sum(), kl.detach().sum().to(rho.dtype), *[0 * one] * len(SUROGATE_STATS), 0 * one,
+            0 * one]).double()
     return LossTerms(loss=loss, tokens=count, stats=stats)
 
 
@@ -278,7 +284,8 @@ def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noq
                   teacher_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
     """The objective over a micro-batch's loss tokens (the arguments of `grpo_loss.policy_loss`).
     `old_logprobs` only measures the mismatch KL (Σ log μ − log π_old), as under ppo_tis; `teacher_kl_sum`
-    is Σ (log π_θ − log π_T) before this step's update (0 without a teacher)."""
+    is Σ (log π_θ − log π_T) before this step's update over the `teacher_tokens` with a teacher logprob
+    (not NaN; 0 without a teacher)."""
     import torch
 
     count = int(logprobs.numel())
@@ -311,13 +318,15 @@ def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noq
         sequence_clipped = torch.zeros_like(geometric, dtype=torch.bool)
     signal = config.adv_tau * advantages - config.kl_tau * log_ratio
     teacher_gap = torch.zeros_like(current)
+    taught = torch.zeros_like(current, dtype=torch.bool)
+    if config.teacher_tau > 0 and teacher_logprobs is None:
+        raise ValueError("loss.teacher_tau > 0 needs the teacher's logprobs of every loss token (a plan's teacher)")
+    if teacher_logprobs is not None:
+        # NaN: a token sampled under a grammar, outside the teacher term (see the module docstring).
+        taught = ~torch.isnan(teacher_logprobs)
+        teacher_gap = torch.where(taught, current - teacher_logprobs.detach(), torch.zeros_like(current))
     if config.teacher_tau > 0:
-        if teacher_logprobs is None:
-            raise ValueError("loss.teacher_tau > 0 needs the teacher's logprobs of every loss token (a plan's teacher)")
-        teacher_gap = current - teacher_logprobs.detach()
         signal = signal - config.teacher_tau * teacher_gap
-    elif teacher_logprobs is not None:
-        teacher_gap = current - teacher_logprobs.detach()  # measured, not trained on
     coeff = weight * signal
     per_token = -coeff * (logprobs - current + 1.0)
     kl = torch.zeros_like(logprobs)
@@ -336,7 +345,7 @@ def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noq
             ratio.sum(), ratio.amin() if count else one, ratio.amax() if count else one, 0 * one, 0 * one,
             masked_sequence.sum().to(ratio.dtype), (keep == 0).sum().to(ratio.dtype), mismatch.sum(),
             kl.detach().sum().to(ratio.dtype), *[counts[name].sum().to(ratio.dtype) for name in SUROGATE_STATS],
-            teacher_gap.sum().to(ratio.dtype)]).double()
+            teacher_gap.sum().to(ratio.dtype), taught.sum().to(ratio.dtype)]).double()
     return LossTerms(loss=loss, tokens=count, stats=stats)
 
 

@@ -11,7 +11,8 @@ completion ids, completion_mask, sampling logprobs), its `advantage` (used as it
 computed it once) and the `sampling` it was generated under. The trainer computes its logprobs under
 that temperature; rollouts sampled with top-p/top-k truncation, or whose logprobs are the raw (T=1)
 ones of a temperature ≠ 1, are refused by name, since their sampling distribution cannot be rebuilt.
-Tokens a grammar forced (`completion_forced`) and environment tokens are not in the loss.
+Tokens a grammar forced (`completion_forced`) and environment tokens are not in the loss; tokens sampled
+under a grammar (`completion_constrained`) have no teacher term (grpo_loss).
 
 Data parallel: started under torchrun (WORLD_SIZE > 1) the trainer joins the process group (gloo on
 CPU, nccl on GPUs), wraps a LoRA model in DDP and shards full weights with FSDP2 (`fully_shard` per
@@ -58,7 +59,8 @@ class TrainSequence:
     rollout: int | None = None  # None: a rollout of its own
     # Per completion token, its model turn's advantage (curate.advantage return_to_go); None: `advantage`.
     token_advantages: list[float] | None = None
-    # Per completion token, a teacher's logprob (on-policy distillation: loss.teacher_tau); None: no teacher.
+    # Per completion token, a teacher's logprob (on-policy distillation: loss.teacher_tau), NaN where a grammar
+    # restricted the sampling (no teacher term there); None: no teacher.
     teacher_logprobs: list[float] | None = None
 
     @property
@@ -127,14 +129,18 @@ def turn_token_advantages(sequence: dict[str, Any], where: str) -> list[float] |
 
 
 def teacher_of(sequence: dict[str, Any], where: str) -> list[float] | None:
-    """A sequence's `teacher_logprobs` (one per completion token), checked against its length."""
+    """A sequence's `teacher_logprobs` (one per completion token), checked against its length, NaN at the
+    tokens a grammar restricted (`completion_constrained`): the student sampled those from its distribution
+    renormalised over what the grammar admitted, so its and the teacher's full-vocabulary logprobs there
+    measure no KL."""
     values = sequence.get("teacher_logprobs")
     if values is None:
         return None
     if len(values) != len(sequence["completion_ids"]):
         raise TrainingFailed(f"{where}: {len(values)} teacher_logprobs for {len(sequence['completion_ids'])} "
                              "completion tokens")
-    return [float(x) for x in values]
+    constrained = sequence.get("completion_constrained") or [0] * len(values)
+    return [math.nan if c else float(x) for x, c in zip(values, constrained)]
 
 
 def rollout_keys(batch: list[TrainSequence]) -> list[Any]:
@@ -717,7 +723,8 @@ class PolicyTrainer:
         *totals, loss, gap_sum, tokens, rollouts = dist.all_sum(
             [measured[name] for name in summed] + values[-2:] + [float(tokens), float(rollouts)])
         named = dict(zip(summed, totals))
-        taught = {"teacher_kl": named["teacher_kl_sum"] / max(tokens, 1.0)} if batch[0].teacher_logprobs else {}
+        taught = ({"teacher_kl": named["teacher_kl_sum"] / max(named["teacher_tokens"], 1.0),
+                   "teacher_tokens": named["teacher_tokens"]} if batch[0].teacher_logprobs else {})
         rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl = (named[name] for name in (
             "rho_sum", "capped", "clipped", "masked_rollouts", "masked_tokens", "mismatch_kl_sum", "kl_sum"))
         gap_tokens = tokens

@@ -34,6 +34,14 @@ def test_every_sequence_is_scored_and_a_failure_names_its_cause() -> None:
         assert summary["sequences"] == 3 and summary["tokens"] == 9  # the environment's token is not counted
         gaps = [s - t for s, t, keep in zip([-0.5, -1.0, 0.0, -0.2], expected, [1, 1, 0, 1]) if keep]
         assert summary["teacher_kl_sampled"] == pytest.approx(sum(gaps) / len(gaps))
+        # Tokens a grammar restricted are scored but outside the sampled KL (grpo_loss says why).
+        opened = records()
+        for member in opened[0]["rollouts"]:
+            for sequence in member.get("sequences") or [member["sequence"]]:
+                sequence["completion_constrained"] = [1, 0, 0, 0]
+        summary = score_records(opened, TeacherConfig(server="teacher_model"), registry)
+        gaps = [s - t for s, t in zip([-1.0, -0.2], expected[1::2])]
+        assert summary["tokens"] == 6 and summary["teacher_kl_sampled"] == pytest.approx(sum(gaps) / len(gaps))
         bad = records()
         bad[0]["rollouts"][0]["sequence"]["completion_ids"] = [79, 107]  # the scored answer is checked
         bad[0]["rollouts"][0]["sequence"]["prompt_ids"] = []

@@ -34,7 +34,7 @@ def test_distillation_alone_pushes_each_token_toward_the_teacher() -> None:
     terms, grad = run(config, [-1.0, -2.0, -0.7], [-1.0, -2.0, -0.7], [-3.0, -0.5, -0.7], [5.0, 5.0, 5.0])
     assert grad == pytest.approx([2.0, -1.5, 0.0])
     assert float(terms.loss.detach()) == pytest.approx(-(-2.0 + 1.5 + 0.0))
-    assert terms.teacher_kl_sum == pytest.approx(2.0 - 1.5 + 0.0)
+    assert terms.teacher_kl_sum == pytest.approx(2.0 - 1.5 + 0.0) and terms.teacher_tokens == 3
 
 
 def test_every_term_together_by_hand() -> None:
@@ -58,3 +58,12 @@ def test_teacher_logprobs_are_measured_without_teacher_tau_and_required_with_it(
         run(LossConfig(objective="surogate", teacher_tau=1.0), [-1.0], [-1.0], None, [1.0])
     with pytest.raises(ValueError, match="teacher_tau is a setting of objective: surogate"):
         LossConfig(objective="ppo_tis", teacher_tau=1.0)
+
+
+def test_a_token_sampled_under_a_grammar_has_no_teacher_term() -> None:
+    """A NaN teacher logprob (a token a grammar restricted, `completion_constrained`): its coefficient has no
+    teacher part (here no part at all: adv_tau 0), and teacher_kl_sum and teacher_tokens leave it out."""
+    config = LossConfig(objective="surogate", adv_tau=0.0, teacher_tau=1.0)
+    terms, grad = run(config, [-1.0, -2.0, -0.7], [-1.0, -2.0, -0.7], [-3.0, math.nan, -0.2], [1.0] * 3)
+    assert grad == pytest.approx([2.0, 0.0, -0.5])
+    assert terms.teacher_kl_sum == pytest.approx(2.0 - 0.5) and terms.teacher_tokens == 2
