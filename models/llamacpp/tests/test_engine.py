@@ -173,7 +173,8 @@ def test_a_forced_tool_call_says_which_tokens_the_grammar_forced(engine: LlamaEn
     assert 0 < sum(forced.generation_forced) < len(pieces), marked
     free = engine.generate(messages, tools=[WEATHER_TOOL], max_tokens=8, temperature=1.0, seed=3)
     assert free.generation_forced is None  # no grammar: every token was sampled
-    assert forced.generation_constrained == [1] * len(forced.generation_token_ids) and free.generation_constrained is None
+    assert forced.generation_constrained == [1] * len(forced.generation_token_ids)
+    assert free.generation_constrained is None
 
 
 def test_stop_string_cuts_text_but_keeps_tokens(engine: LlamaEngine) -> None:
