@@ -1,6 +1,7 @@
 """Validation before → after of `rollgym train` runs, with `rollgym eval`'s statistics: each mean reward
-with its 95 % interval over tasks, and the paired difference over the same held-out tasks (beyond noise
-when its interval leaves out 0). One markdown row per run.
+(with the history's reward_std over rollouts) and its 95 % interval over tasks, the paired difference over
+the same held-out tasks (beyond noise when its interval leaves out 0), and each epoch's train reward and
+groups trained on. One markdown row per run.
 
     python scripts/train/validation_gain.py runs/rg-grpo-products-s1 runs/rg-grpo-products-s2 ...
 """
@@ -29,24 +30,29 @@ def row(run: Path) -> str:
     history = [orjson.loads(line) for line in (run / "history.jsonl").read_bytes().splitlines() if line.strip()]
     validated = [line["epoch"] for line in history if line.get("validation")]
     if len(validated) < 2:
-        return f"| {run.name} | not finished ({len(history)} history lines) | | | |"
+        return f"| {run.name} | not finished ({len(history)} history lines) | | | | |"
     first, last = validated[0], validated[-1]
     before = tasks(run / f"epoch-{first:03d}" / "validation.jsonl")
     after = tasks(run / f"epoch-{last:03d}" / "validation.jsonl")
     a, b = mean_reward(before.values()), mean_reward(after.values())
     diff = compare_tasks(before, after)
     assert a is not None and b is not None and diff is not None
+    sd = {line["epoch"]: line["validation"].get("reward_std", 0.0) for line in history if line.get("validation")}
+    trained = " → ".join(f"{line['train']['mean_reward']:.2f} ({line['curated']['records']})"
+                         for line in history if line.get("train"))
     verdict = "**rises**" if (diff.low or 0) > 0 else ("falls" if (diff.high or 0) < 0 else "within noise")
-    return (f"| {run.name} | {a.value:.3f} [{a.low:.2f}, {a.high:.2f}] | {b.value:.3f} [{b.low:.2f}, {b.high:.2f}] "
-            f"| {diff.difference:+.3f} [{diff.low:+.2f}, {diff.high:+.2f}] | {verdict} |")
+    return (f"| {run.name} | {a.value:.3f} ±{sd[first]:.2f} [{a.low:.2f}, {a.high:.2f}] "
+            f"| {b.value:.3f} ±{sd[last]:.2f} [{b.low:.2f}, {b.high:.2f}] "
+            f"| {diff.difference:+.3f} [{diff.low:+.2f}, {diff.high:+.2f}] | {verdict} | {trained} |")
 
 
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    print("| run | before (epoch 0) [95 % CI] | after [95 % CI] | after − before, paired [95 % CI] | verdict |")
-    print("|---|---|---|---|---|")
+    print("| run | before (epoch 0) ±sd [95 % CI] | after ±sd [95 % CI] | after − before, paired [95 % CI] | verdict "
+          "| train reward (groups trained) per epoch |")
+    print("|---|---|---|---|---|---|")
     for arg in argv:
         print(row(Path(arg)))
     return 0
