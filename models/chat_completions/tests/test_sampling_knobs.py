@@ -6,23 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import pytest
 
 from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
 from rollgym.testing import scripted_backend, serve_in_thread
-
-
-@pytest.fixture()
-def sent(monkeypatch) -> list[dict[str, Any]]:
-    bodies: list[dict[str, Any]] = []
-    post = ChatCompletionsModel._post
-
-    async def recording(self, backend, path, body, root=False):
-        bodies.append(dict(body))
-        return await post(self, backend, path, body, root)
-
-    monkeypatch.setattr(ChatCompletionsModel, "_post", recording)
-    return bodies
 
 
 def generate(request: dict[str, Any]) -> dict[str, Any]:

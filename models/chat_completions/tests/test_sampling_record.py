@@ -8,25 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-import pytest
 
 from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
 from rollgym.testing import scripted_backend, serve_in_thread
 
 REQUEST = {"input": [{"role": "user", "content": "Hello there"}], "temperature": 0.8}
-
-
-@pytest.fixture()
-def sent(monkeypatch) -> list[dict[str, Any]]:
-    bodies: list[dict[str, Any]] = []
-    post = ChatCompletionsModel._post
-
-    async def recording(self, backend, path, body, root=False):
-        bodies.append(dict(body))
-        return await post(self, backend, path, body, root)
-
-    monkeypatch.setattr(ChatCompletionsModel, "_post", recording)
-    return bodies
 
 
 def generated(extra_body: dict[str, Any]) -> dict[str, Any]:

@@ -209,6 +209,18 @@ def mask_metrics(sums: dict[str, float], tokens: float, config: LossConfig) -> d
             "sequence_clipped_rollouts": sums["sequence_clipped"]}
 
 
+def reference_kl(logprobs: "torch.Tensor", ref_logprobs: "torch.Tensor | None",  # noqa: F821
+                 kl_beta: float) -> "torch.Tensor":  # noqa: F821
+    """Per token, the k3 estimate of KL(π_θ ‖ π_ref) (exp(q) − q − 1, q = log π_ref − log π_θ); zeros
+    without a reference or with kl_beta 0."""
+    import torch
+
+    if ref_logprobs is None or kl_beta <= 0:
+        return torch.zeros_like(logprobs)
+    q = ref_logprobs.detach() - logprobs
+    return q.exp() - q - 1.0
+
+
 def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling_logprobs: "torch.Tensor",  # noqa: F821
                 advantages: "torch.Tensor", rollout_index: "torch.Tensor", scales: "torch.Tensor",  # noqa: F821
                 config: LossConfig, ref_logprobs: "torch.Tensor | None" = None,  # noqa: F821
@@ -257,11 +269,8 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
         dual = (advantages < 0) & (surrogate < bound)
         surrogate = torch.where(dual, bound, surrogate)
     per_token = -weight * surrogate
-    kl = torch.zeros_like(logprobs)
-    if ref_logprobs is not None and config.kl_beta > 0:
-        q = ref_logprobs.detach() - logprobs
-        kl = q.exp() - q - 1.0
-        per_token = per_token + config.kl_beta * kl
+    kl = reference_kl(logprobs, ref_logprobs, config.kl_beta)
+    per_token = per_token + config.kl_beta * kl
     loss = (per_token * keep * scales).sum()
     with torch.no_grad():
         # The clip acts where the clipped term is the smaller one and differs: no gradient flows there.
@@ -329,11 +338,8 @@ def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noq
         signal = signal - config.teacher_tau * teacher_gap
     coeff = weight * signal
     per_token = -coeff * (logprobs - current + 1.0)
-    kl = torch.zeros_like(logprobs)
-    if ref_logprobs is not None and config.kl_beta > 0:
-        q = ref_logprobs.detach() - logprobs
-        kl = q.exp() - q - 1.0
-        per_token = per_token + config.kl_beta * kl
+    kl = reference_kl(logprobs, ref_logprobs, config.kl_beta)
+    per_token = per_token + config.kl_beta * kl
     loss = (per_token * keep * scales).sum()
 
     with torch.no_grad():
