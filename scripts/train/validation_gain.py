@@ -47,8 +47,13 @@ def row(run: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip(), file=sys.stderr)
+        return 0 if argv else 2
+    missing = [arg for arg in argv if not (Path(arg) / "history.jsonl").is_file()]
+    if missing:
+        print(f"validation_gain.py: no history.jsonl in {', '.join(missing)} (give rollgym train output folders)",
+              file=sys.stderr)
         return 2
     print("| run | before (epoch 0) ±sd [95 % CI] | after ±sd [95 % CI] | after − before, paired [95 % CI] | verdict "
           "| train reward (groups trained) per epoch |")
