@@ -6,41 +6,24 @@ comes back as several segments, labelled by conversation and by why each began, 
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import orjson
 import pytest
 
 from agents.proxy_agent.app import ProxyAgent, ProxyAgentConfig
-from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
-from resources_servers.weather.app import WeatherServer
+from agents.proxy_agent.tests.test_app import decode, registry  # noqa: F401 - the scripted stack's fixture
 from rollgym.client import ServerAddress
 from rollgym.sequences import token_record
-from rollgym.testing import scripted_backend, serve_in_thread
+from rollgym.testing import serve_in_thread
 from rollgym.train.loop.curation import CurateConfig, curate, to_groups
 from rollgym.train.trainers.grpo_trainer import sequences_of
 from rollgym.view.app import ViewServer
 from rollgym.view.runs import Catalog
 
 CITIES = {"Paris": ["sunny", "22"], "London": ["rainy", "14"]}
-
-
-def decode(ids: list[int]) -> str:
-    return bytes(i - 3 for i in ids if 3 <= i < 259).decode(errors="replace")
-
-
-@pytest.fixture(scope="module")
-def registry() -> Iterator[dict[str, ServerAddress]]:
-    with ExitStack() as stack:
-        backend = stack.enter_context(scripted_backend("--token-info"))
-        model = ChatCompletionsModel(ChatCompletionsConfig(base_url=backend, model="scripted", return_token_ids=True),
-                                     name="policy_model")
-        yield {"policy_model": ServerAddress(stack.enter_context(serve_in_thread(model)), "models"),
-               "weather": ServerAddress(stack.enter_context(serve_in_thread(WeatherServer(name="weather"))),
-                                        "resources_servers")}
 
 
 def collect(registry: dict[str, ServerAddress], example: str) -> list[dict[str, Any]]:
