@@ -68,8 +68,12 @@ completions endpoint parses nothing.
 "tokens", "token_strs"}`` (SGLang: ``{"tokens", "count", "max_model_len"}``, and like SGLang it
 always adds the generation prompt unless ``continue_final_message``); ``/detokenize`` takes
 ``{"tokens"}`` and answers ``{"prompt": text}`` (SGLang: ``{"text": text}``).
-``--no-token-routes`` leaves out ``/v1/completions``, ``/tokenize`` and ``/detokenize``, like a
-plain OpenAI-compatible server.
+With ``--shape sglang``, SGLang's native ``/generate`` takes ``input_ids``, ``sampling_params``
+(``max_new_tokens``), ``return_logprob`` and ``logprob_start_len``, and answers ``{text, output_ids,
+meta_info: {input_token_logprobs, output_token_logprobs, ...}}``: one ``[logprob, token_id, None]`` per
+input position from ``logprob_start_len`` (None at position 0, which has no context), as SGLang does.
+``--no-token-routes`` leaves out ``/v1/completions``, ``/generate``, ``/tokenize`` and ``/detokenize``,
+like a plain OpenAI-compatible server.
 
 Toy tokenizer: every UTF-8 byte b of the text is token id ``b + 3`` (decode:
 ``bytes(i - 3 for i in ids)``). The prompt text is a chatml-like rendering:
@@ -772,6 +776,40 @@ async def _completions(request: web.Request) -> web.Response:
                                                 adapter=_adapter_of(request.app, req.get("model"))))
 
 
+async def _generate(request: web.Request) -> web.Response:
+    """POST /generate (SGLang's native route): token ids in, the scripted generation's first
+    ``max_new_tokens`` ids out, with the input's logprobs from ``logprob_start_len`` when asked."""
+    cfg = request.app[_CONFIG]
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    input_ids = _token_list(req.get("input_ids")) if isinstance(req, dict) else None
+    if not input_ids:
+        return _error(400, "input_ids must be a non-empty list of token ids", "BadRequestError")
+    params = req.get("sampling_params") or {}
+    start = req.get("logprob_start_len", -1)
+    if not isinstance(start, int) or start >= len(input_ids):
+        return _error(400, f"logprob_start_len ({start}) must be below the input's {len(input_ids)} tokens",
+                      "BadRequestError")
+    failure = await _inject(request.app)
+    if failure is not None:
+        return failure
+    lora = req.get("lora_path")
+    if lora is not None and lora not in request.app[_ADAPTERS]:
+        return _error(400, f"lora_path {lora!r} is not loaded", "BadRequestError")
+    reply = build_text_completion({"max_tokens": int(params.get("max_new_tokens", 16))}, input_ids,
+                                  seed=cfg["seed"], shape="sglang", adapter=lora)["choices"][0]
+    output_ids = tokenize(reply["text"])[: int(params.get("max_new_tokens", 16))]
+    meta: dict[str, Any] = {"id": secrets.token_hex(16), "finish_reason": {"type": "length"},
+                            "prompt_tokens": len(input_ids), "completion_tokens": len(output_ids)}
+    if req.get("return_logprob"):
+        meta["input_token_logprobs"] = [[_logprob(0, pos, tid) if pos else None, tid, None]
+                                        for pos, tid in enumerate(input_ids) if pos >= max(start, 0)]
+        meta["output_token_logprobs"] = [[_logprob(cfg["seed"], pos, tid), tid, None]
+                                         for pos, tid in enumerate(output_ids)]
+    return _json_response({"text": decode(output_ids), "output_ids": output_ids, "meta_info": meta})
+
+
 async def _tokenize(request: web.Request) -> web.Response:
     """POST /tokenize: text or a chat conversation -> toy ids (drifting like the chat prompt)."""
     cfg = request.app[_CONFIG]
@@ -875,6 +913,7 @@ def build_app(
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
     if shape == "sglang":
+        app.router.add_post("/generate", _generate)
         app.router.add_post("/v1/tokenize", _tokenize)
         app.router.add_post("/v1/detokenize", _detokenize)
     app.router.add_get("/scripted/requests", _requests_log)
