@@ -12,7 +12,8 @@
 Each batch (whole groups from `orchestrator`) is curated to what the plan's `optimize` trainer trains
 on (GRPO groups for `grpo`) and trained on by it, starting from the previous step's LoRA; its adapter is
 then hot-loaded on the stack's model servers (the orchestrator's `finish_step`) before generation for
-later steps goes on. Meanwhile the orchestrator keeps generating up to `max_async_level` steps ahead.
+later steps goes on. Meanwhile the orchestrator keeps generating up to `max_async_level` steps ahead. With a
+`teacher` (on-policy distillation, teacher.py), every batch's curated tokens are scored before its step.
 
 **Resuming.** The orchestrator keeps every batch as a step folder (`OUTPUT/orchestrator/steps/`), and a
 step counts as finished once its line is in `history.jsonl`. The same command run again on the same
@@ -40,6 +41,7 @@ from .curation import CurateConfig, Curated, CurationError, curate
 from .epochs import TrainLoop
 from .errors import TrainError
 from .optimize import step_config
+from .teacher import TeacherError, score_records_async
 
 
 class AsyncTrainLoop(TrainLoop):
@@ -124,6 +126,15 @@ class AsyncTrainLoop(TrainLoop):
                                           "rollouts": batch.metrics["rollouts"]}}
         curated = self._curate(batch.rollouts, folder)
         line["curated"] = curated.summary()
+        if self.plan.teacher is not None and curated.records:  # every trained token, scored by the teacher
+            try:  # while the orchestrator goes on generating in this event loop
+                line["curated"]["teacher"] = await score_records_async(curated.records, self.plan.teacher,
+                                                                       self.serving.registry)
+            except TeacherError as exc:
+                raise TrainError(f"step {batch.step} curate: {exc}") from None
+        with (folder / "curated.jsonl").open("wb") as handle:
+            for record in curated.records:
+                handle.write(orjson.dumps(record) + b"\n")
         if curated.records:
             started = time.perf_counter()
             artefact = finished_artefact(folder / "train")  # trained before a kill: not trained again
@@ -148,8 +159,8 @@ class AsyncTrainLoop(TrainLoop):
         return previous
 
     def _curate(self, rollouts: list[dict[str, Any]], folder: Path) -> Curated:
-        """The batch as the optimize trainer's records (GRPO groups for grpo) in curated.jsonl, every
-        segment of a rollout with its rollout's advantage (the plan's `curate.segments`)."""
+        """The batch as the optimize trainer's records (GRPO groups for grpo), every segment of a rollout
+        with its rollout's advantage (the plan's `curate.segments`)."""
         plan = self.plan
         assert plan.orchestrator is not None and plan.optimize is not None
         segments = plan.curate.segments if plan.curate is not None else "all"
@@ -160,9 +171,6 @@ class AsyncTrainLoop(TrainLoop):
                              keep_advantages=True)
         except CurationError as exc:
             raise TrainError(str(exc)) from None
-        with (folder / "curated.jsonl").open("wb") as handle:
-            for record in curated.records:
-                handle.write(orjson.dumps(record) + b"\n")
         return curated
 
     def _train_step(self, step: int, folder: Path, previous: Artefact | None) -> Artefact:

@@ -25,8 +25,8 @@
 
 With `mode: async` the plan names an `orchestrator` section (batch_size, rollouts_per_example,
 max_steps, max_async_level, max_off_policy_steps, envs with ratios, difficulty, advantage) and one
-`optimize` section instead of stages, optionally `curate: {segments: all | last | drop}` for its batches;
-`validation.every` then counts steps (scripts/train/async.yaml).
+`optimize` section instead of stages, optionally `curate: {segments: all | last | drop}` and a `teacher`
+for its batches; `validation.every` then counts steps (scripts/train/async.yaml).
 
 Relative paths are relative to the current directory, as on the command line.
 """
@@ -230,6 +230,7 @@ class Plan(StrictModel):
     orchestrator: OrchestratorConfig | None = Field(default=None, description="mode: async")
     optimize: OptimizeConfig | None = Field(default=None, description="mode: async: the trainer of every step")
     curate: BatchCurateConfig | None = Field(default=None, description="mode: async: how every batch is curated")
+    teacher: TeacherConfig | None = Field(default=None, description="mode: async: on-policy distillation (teacher.py)")
     guard: GuardConfig | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
@@ -242,8 +243,8 @@ class Plan(StrictModel):
             problems.append("mode: epochs runs stages (at least one), without orchestrator or optimize")
         if self.mode == "async" and (self.stages or not self.orchestrator or not self.optimize):
             problems.append("mode: async needs orchestrator and optimize, and takes no stages")
-        if self.mode == "epochs" and self.curate is not None:
-            problems.append("curate: mode: epochs curates stage by stage (stages[i].curate)")
+        problems += [f"{key}: mode: epochs sets it stage by stage (stages[i].{key})" for key, value in
+                     (("curate", self.curate), ("teacher", self.teacher)) if self.mode == "epochs" and value is not None]
         if self.mode == "async" and self.guard is not None and self.guard.on_violation != "stop":
             problems.append("guard.on_violation: an async run's guard can only stop it (generation runs ahead on "
                             "the newest weights: there is no rolling back and going on)")
@@ -261,10 +262,14 @@ class Plan(StrictModel):
         if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
             problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
-        problems += self._sampling_problems() + self._full_weight_problems() + teacher_plan_problems(self.stages)
+        problems += self._sampling_problems() + self._full_weight_problems() + teacher_plan_problems(self._teachers())
         if problems:  # every one, one per line (load_plan gives each line the file and key)
             raise ValueError("\n".join(problems))
         return self
+
+    def _teachers(self) -> list[tuple[str, TeacherConfig | None, OptimizeConfig]]:
+        places = [(f"stages[{i}].teacher", stage.teacher, stage.optimize) for i, stage in enumerate(self.stages)]
+        return places + ([("teacher", self.teacher, self.optimize)] if self.optimize is not None else [])
 
     def _full_weight_problems(self) -> list[str]:
         """Full weights are served as weights (apply: merged), never as the LoRA adapter that apply: lora and

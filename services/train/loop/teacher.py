@@ -64,22 +64,27 @@ class TeacherConfig(StrictModel):
         return self.model or ("teacher" if self.lora_path else None)
 
 
-def teacher_plan_problems(stages: list[Any]) -> list[str]:
-    """A plan's teacher settings that cannot work, by key: a teacher needs the grpo trainer's surogate
-    objective, and teacher_tau > 0 needs a teacher."""
+def teacher_plan_problems(places: list[tuple[str, TeacherConfig | None, Any]]) -> list[str]:
+    """A plan's teacher settings that cannot work, by key. `places`: (the key a teacher goes under, that
+    teacher, the optimize section that trains on it): each stage of mode: epochs, or the top level of mode:
+    async. A built-in trainer other than grpo has no use for teacher logprobs; with grpo, a teacher needs
+    the surogate objective's teacher_tau > 0, and teacher_tau > 0 needs a teacher. A trainer of one's own
+    (an import path) reads them as it likes: `teacher_logprobs` on every sequence."""
     problems = []
-    for i, stage in enumerate(stages):
-        loss = stage.optimize.args.get("loss") or {}
+    for key, teacher, optimize in places:
+        loss_key = key.removesuffix("teacher") + "optimize"  # stages[i].optimize, or the async plan's optimize
+        loss = optimize.args.get("loss") or {}
         tau = float(loss.get("teacher_tau", 0.0) or 0.0) if isinstance(loss, dict) else 0.0
-        if stage.teacher is not None and stage.optimize.trainer != "grpo":
-            problems.append(f"stages[{i}].teacher: only the grpo trainer trains on teacher logprobs "
-                            f"(optimize.trainer is {stage.optimize.trainer})")
-        elif stage.teacher is not None and tau <= 0:
-            problems.append(f"stages[{i}].teacher: set stages[{i}].optimize.args.loss.teacher_tau above 0 (with "
-                            "objective: surogate), or the teacher's logprobs weigh nothing")
-        if stage.teacher is None and tau > 0:
-            problems.append(f"stages[{i}].optimize.args.loss.teacher_tau {tau} needs stages[{i}].teacher (a model "
-                            "server that scores every trained token)")
+        custom = ":" in optimize.trainer
+        if teacher is not None and optimize.trainer != "grpo" and not custom:
+            problems.append(f"{key}: only the grpo trainer trains on teacher logprobs ({loss_key}.trainer is "
+                            f"{optimize.trainer})")
+        elif teacher is not None and tau <= 0 and not custom:
+            problems.append(f"{key}: set {loss_key}.args.loss.teacher_tau above 0 (with objective: surogate), or "
+                            "the teacher's logprobs weigh nothing")
+        if teacher is None and tau > 0:
+            problems.append(f"{loss_key}.args.loss.teacher_tau {tau} needs {key} (a model server that scores every "
+                            "trained token)")
     return problems
 
 
@@ -89,10 +94,10 @@ def score_records(records: list[dict[str, Any]], config: TeacherConfig,
     sequences, `tokens` (model tokens sampled without a grammar), and `teacher_kl_sampled`, their mean of
     log μ − log π_T (the sampling logprob against the teacher's: the reverse KL to the teacher, estimated on
     the student's own samples, before this epoch's update). TeacherError on any failure."""
-    return asyncio.run(_score_all(records, config, registry))
+    return asyncio.run(score_records_async(records, config, registry))
 
 
-async def _score_all(records: list[dict[str, Any]], config: TeacherConfig,
+async def score_records_async(records: list[dict[str, Any]], config: TeacherConfig,
                      registry: Mapping[str, Any]) -> dict[str, Any]:
     client = ServerClient(registry, timeout_s=config.timeout_s, max_retries=2)
     try:

@@ -1,19 +1,25 @@
 """The loop's teacher (on-policy distillation) over real HTTP: every curated sequence gets the teacher's
-logprob of each completion token, a failed call fails with its cause (never a zero), a plan's teacher keys
-are checked by name, and two tokenizers that disagree are told apart."""
+logprob of each completion token, in epochs mode and in every batch of mode: async; a failed call fails
+with its cause (never a zero), a plan's teacher keys are checked by name, and two tokenizers that disagree
+are told apart."""
 
 from __future__ import annotations
 
 import pytest
 
+import orjson
+
 from rollgym.client import ServerAddress
+from rollgym.data.jsonl import read_whole_lines
 from rollgym.scoring import PROBE_TEXT, tokenizer_problem
 from rollgym.testing import serve_in_thread
 from rollgym.testing.scripted_vllm import _logprob
+from rollgym.train.loop.errors import TrainError
 from rollgym.train.loop.plan import Plan
 from rollgym.train.loop.teacher import TeacherConfig, TeacherError, score_records
 
 from models.chat_completions.tests.test_app import make_model, scripted_backend
+from tests.train.loop.test_async_segments import TASKS, registry_file, run_async  # noqa: F401 (a fixture)
 
 
 def records() -> list[dict]:
@@ -70,3 +76,44 @@ def test_a_plan_checks_its_teacher_by_key(tmp_path) -> None:
         Plan.model_validate({**base, "stages": [{**stage, "optimize": {"trainer": "grpo"}}]})
     with pytest.raises(ValueError, match="concurrency"):
         Plan.model_validate({**base, "stages": [{**stage, "teacher": {"server": "t", "concurrency": 0}}]})
+
+
+def test_an_async_run_has_every_batch_scored_by_its_teacher(tmp_path, registry_file, importable_toys) -> None:
+    # The teacher is the stack's own model server: its scores are the scripted backend's prompt logprobs.
+    run = run_async(tmp_path, registry_file, 2, teacher={"server": "policy_model", "concurrency": 3})
+    history = [orjson.loads(line) for line in (run / "history.jsonl").read_bytes().splitlines()]
+    assert [line["step"] for line in history] == [1, 2]
+    for line in history:
+        sequences = [sequence for group in read_whole_lines(run / f"step-{line['step']:03d}" / "curated.jsonl")
+                     for member in group["rollouts"] for sequence in member.get("sequences") or [member["sequence"]]]
+        assert len(sequences) == 12  # 4 rollouts of 3 segments, every one scored
+        for sequence in sequences:
+            start = len(sequence["prompt_ids"])
+            assert sequence["teacher_logprobs"] == [_logprob(0, start + j, token)
+                                                    for j, token in enumerate(sequence["completion_ids"])]
+        scored = line["curated"]["teacher"]
+        assert scored["server"] == "policy_model" and scored["sequences"] == 12
+        assert scored["tokens"] == sum(sum(s["completion_mask"]) for s in sequences)
+    # A teacher that does not answer stops the run at its first step, with the cause, before any training.
+    (tmp_path / "down").mkdir()
+    with pytest.raises(TrainError, match=r"step 1 curate: teacher check: http://127.0.0.1:9 did not answer"):
+        run_async(tmp_path / "down", registry_file, 1, teacher={"server": "http://127.0.0.1:9", "timeout_s": 2})
+    assert not (tmp_path / "down" / "run" / "calls.log").exists()
+
+
+def test_an_async_plan_checks_its_teacher_by_key(tmp_path, registry_file) -> None:
+    base = {"output": str(tmp_path / "run"), "stack": {"registry_file": str(registry_file)}, "mode": "async",
+            "orchestrator": {"batch_size": 4, "rollouts_per_example": 2, "envs": [{"name": "w", "input": str(TASKS)}]}}
+    distill = {"trainer": "grpo", "args": {"loss": {"adv_tau": 0.0, "teacher_tau": 1.0}}}
+    plan = Plan.model_validate({**base, "optimize": distill, "teacher": {"server": "policy_model"}})
+    assert plan.teacher.server == "policy_model"
+    with pytest.raises(ValueError, match=r"optimize.args.loss.teacher_tau 1.0 needs teacher \(a model server"):
+        Plan.model_validate({**base, "optimize": distill})
+    with pytest.raises(ValueError, match=r"teacher: set optimize.args.loss.teacher_tau above 0"):
+        Plan.model_validate({**base, "optimize": {"trainer": "grpo"}, "teacher": {"server": "policy_model"}})
+    with pytest.raises(ValueError, match=r"teacher: only the grpo trainer .*optimize.trainer is trl_sft"):
+        Plan.model_validate({**base, "optimize": {"trainer": "trl_sft"}, "teacher": {"server": "policy_model"}})
+    stage = {"name": "s", "collect": {"input": str(TASKS)}, "optimize": distill, "teacher": {"server": "t"}}
+    with pytest.raises(ValueError, match=r"teacher: mode: epochs sets it stage by stage \(stages\[i\].teacher\)"):
+        Plan.model_validate({**base, "mode": "epochs", "orchestrator": None, "stages": [stage],
+                             "teacher": {"server": "t"}})
