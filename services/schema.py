@@ -205,6 +205,10 @@ class Sequence(BaseModel):
     completion_constrained: list[int] | None = None
     # Set by agents whose rollouts branch into several sequences: whether this one's turns extend each other.
     prefix_ok: bool | None = None
+    # Set by agents that know a rollout's conversations (proxy_agent): the conversation this segment belongs to
+    # and, after the first segment, why it began (rollgym.sequences.SEGMENT_REASONS).
+    conversation: int | None = None
+    segment_reason: Literal["new_conversation", "history_rewritten", "tokens_drifted"] | None = None
 
 
 class RunResponse(RunRequest):

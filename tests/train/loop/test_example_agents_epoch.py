@@ -23,6 +23,7 @@ from resources_servers.weather.app import WeatherServer
 from rollgym.client import ServerAddress
 from rollgym.data.jsonl import read_whole_lines
 from rollgym.data.records import output_items
+from rollgym.schema import RolloutLine
 from rollgym.sequences import token_record
 from rollgym.testing import REPO_ROOT, scripted_backend, serve_in_thread
 from rollgym.train.loop.epochs import TrainLoop
@@ -69,6 +70,9 @@ def test_an_epoch_of_the_compacting_agent_trains_every_segment(tmp_path, registr
     for rollout in rollouts:
         assert rollout["status"] == "ok" and rollout["reward"] == 1.0
         assert [(s["conversation"], s["segment_reason"]) for s in rollout["sequences"]] == [
+            (0, None), (1, "new_conversation"), (0, "history_rewritten")]
+        typed = RolloutLine.model_validate(rollout).sequences  # the schema declares the labels
+        assert [(s.conversation, s.segment_reason) for s in typed] == [
             (0, None), (1, "new_conversation"), (0, "history_rewritten")]
         mine = sorted((r for r in records if r["rollout_id"] == rollout["rollout_id"]), key=lambda r: r["segment"])
         assert [r["segment"] for r in mine] == [0, 1, 2]
