@@ -216,7 +216,7 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
         model = with_lora(model)
     args = GRPOConfig(finetune=finetune, learning_rate=1e-6, precision="bf16" if device == "cuda" else "fp32",
                       micro_batch_tokens=options.micro_batch_tokens, seq_len=options.seq_len,
-                      gradient_checkpointing=options.gradient_checkpointing,
+                      gradient_checkpointing=options.gradient_checkpointing, compile=options.compile,
                       loss=LossConfig(mask_low=None, mask_high=None))
     trainer = PolicyTrainer(args, base_model=name)
     trainer.use_model(model)
@@ -314,6 +314,8 @@ def main(argv: list[str]) -> int:
                         "(default: 3 cuda, 5 cpu)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (the trainer's "
+                        "compile: true); the warm-up steps compile")
     parser.add_argument("--profile", action="store_true", help="print each configuration's top operators")
     parser.add_argument("--masked-attention", action="store_true",
                         help="packed rows through SDPA with a block-diagonal mask instead of the varlen kernel")

@@ -37,6 +37,8 @@ class GRPOConfig(BaseModel):
     lora: dict[str, Any] = Field(default_factory=dict, description="r, alpha, dropout, target_modules, layers")
     precision: Literal["fp32", "bf16"] = Field(default="fp32", description="bf16: autocast; logprobs stay fp32")
     gradient_checkpointing: bool = False
+    compile: bool = Field(default=False, description="torch.compile each decoder layer (its norms, SwiGLU and rotary "
+                          "embeddings fused); the first steps of each shape compile")
     threads: int | None = Field(default=None, ge=1)
     processes: int = Field(default=1, ge=1, description="data-parallel processes (torchrun)")
     epochs: float = Field(default=1.0, gt=0, description="passes over the curated groups")

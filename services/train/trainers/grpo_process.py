@@ -73,7 +73,7 @@ class LongLivedTrainer:
     starting it on the first step, and again after it died or when the process settings change."""
 
     # Settings a running process cannot change: another value starts a new process.
-    PROCESS_KEYS = ("finetune", "lora", "precision", "gradient_checkpointing", "threads", "processes")
+    PROCESS_KEYS = ("finetune", "lora", "precision", "gradient_checkpointing", "compile", "threads", "processes")
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None

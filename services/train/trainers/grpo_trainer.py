@@ -351,6 +351,9 @@ class PolicyTrainer:
         self.varlen = (self.args.seq_len is not None and self.device.type == "cuda" and self.args.precision == "bf16"
                        and use_varlen(model))
         module = _token_logprobs_module()(model, self.args.precision)
+        if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
+            for layer in decoder_layers(module.causal()):
+                layer.compile(dynamic=True)
         # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest);
         # a LoRA's few weights are replicated (DDP).
         self.sharded = self.dist.distributed and self.args.finetune == "full"
