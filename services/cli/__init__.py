@@ -35,7 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # `rollgym train PLAN --check seed=1`: argparse ends the positional list at the option, so overrides
+    # after one come back unparsed; they are overrides all the same.
+    if extra and isinstance(getattr(args, "overrides", None), list) and not any(a.startswith("-") for a in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from ..errors import ConfigError, LaunchError
     from ..stack.limits import raise_open_file_limit
 

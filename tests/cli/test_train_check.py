@@ -78,6 +78,25 @@ def test_every_file_problem_is_listed_with_exit_2(tmp_path: Path, capsys: pytest
     assert not (tmp_path / "run").exists()
 
 
+
+def test_a_teachers_adapter_folder_is_checked_and_overrides_may_follow_the_option(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = demo(tmp_path)
+    data["stages"][1]["teacher"] = {"server": "policy_model", "lora_path": str(tmp_path / "adapter")}
+    data["stages"][1]["optimize"] = {"trainer": "grpo", "args": {"loss": {"objective": "surogate", "teacher_tau": 1.0}}}
+    plan = write(tmp_path, data)
+    code = main(["train", str(plan), "--check", f"output={tmp_path / 'other'}"])  # the override after --check
+    err = capsys.readouterr().err
+    assert code == 2 and "1 problem; nothing started" in err
+    assert f"key 'stages[1].teacher.lora_path': no such adapter folder: {tmp_path / 'adapter'}" in err
+    (tmp_path / "adapter").mkdir()
+    code, out, err = check(capsys, plan, f"output={tmp_path / 'other'}")
+    assert code == 0 and str(tmp_path / "other") in out, err
+    # A teacher at a URL loads its adapter from its own disk: nothing here to check.
+    data["stages"][1]["teacher"] = {"server": "http://127.0.0.1:9", "lora_path": "/on/the/teacher"}
+    assert check(capsys, write(tmp_path, data))[0] == 0
+
+
 def test_key_errors_and_missing_files_are_listed_together(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A key error does not hide the files of the sections that are valid, nor a second problem of the plan as a
     whole the first: one run of --check lists them all, each line with the file and its key."""

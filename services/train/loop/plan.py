@@ -45,7 +45,7 @@ from ...data.sampling import reshaping_knobs, temperature_schedule
 from .curation import CurateConfig, SegmentMode, unverified_problem
 from .dynamic_sampling import DifficultyConfig, difficulty_problem
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
-from .teacher import TeacherConfig, teacher_plan_problems
+from .teacher import TeacherConfig, teacher_file_problems, teacher_plan_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
 from ..trainers.base import BUILTIN, DATA_KIND
@@ -479,6 +479,7 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
     if plan.orchestrator is not None:
         inputs += [(f"orchestrator.envs[{i}].input", env.input) for i, env in enumerate(plan.orchestrator.envs)]
     problems += [(key, problem) for key, file in inputs if (problem := task_file_problem(file))]
+    problems += teacher_file_problems(plan._teachers()) if isinstance(plan, Plan) else []
     stack = plan.stack
     if stack is None:  # section_file_problems: the stack's own errors are reported already
         return problems

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 from typing import Any, Mapping
 
 from pydantic import Field, field_validator
@@ -86,6 +87,14 @@ def teacher_plan_problems(places: list[tuple[str, TeacherConfig | None, Any]]) -
             problems.append(f"{loss_key}.args.loss.teacher_tau {tau} needs {key} (a model server that scores every "
                             "trained token)")
     return problems
+
+
+def teacher_file_problems(places: list[tuple[str, TeacherConfig | None, Any]]) -> list[tuple[str, str]]:
+    """(key, what is wrong) for a teacher's lora_path that is not a folder here, where the teacher is one
+    of the stack's servers (a teacher at a URL loads it from its own disk)."""
+    return [(f"{key}.lora_path", f"no such adapter folder: {teacher.lora_path}") for key, teacher, _ in places
+            if teacher is not None and teacher.lora_path and not teacher.server.startswith(("http://", "https://"))
+            and not Path(teacher.lora_path).is_dir()]
 
 
 def score_records(records: list[dict[str, Any]], config: TeacherConfig,
