@@ -7,7 +7,11 @@ answer. The reward is `score_answer(answer, entry)` of the generator, where the 
 the last `<answer>...</answer>` in the final assistant message (reasoning-gym's own extraction, the
 format the system prompt asks for). No tags: reward 0.0 with a reason, unless the server is configured
 with `untagged_answer: last_number`, for small models that do not follow the format yet: then the last
-number of the message is scored instead (and the answer says so). A scorer that raises is an
+number of the message is scored instead (and the answer says so). That reading can be gamed: a reply cut
+off at max_output_tokens while restating the question ("The LCM of 2 and 4") ends on a number of the
+question, right whenever the answer is one of them, and GRPO learns to do just that. `final_number` reads
+the last number of a finished reply only (one cut off has no final answer: reward 0 with the reason).
+A scorer that raises is an
 environment failure (HTTP 500 with its cause, the rollout's status `env_error`), never a reward of 0.
 """
 
@@ -42,9 +46,11 @@ class ReasoningGymServerConfig(ResourcesServerConfig):
     scoring_timeout_s: float = Field(default=20.0, gt=0, description="deadline for rebuilding and scoring one entry")
     scoring_workers: int = Field(default=2, ge=1, description="threads that build entries and run the scorers")
     max_datasets: int = Field(default=64, ge=1, description="datasets kept built (one per generator, config, seed)")
-    untagged_answer: Literal["none", "last_number"] = Field(
+    untagged_answer: Literal["none", "last_number", "final_number"] = Field(
         default="none", description="without <answer> tags: none = reward 0.0; last_number = score the message's "
-                                    "last number (for small models that do not follow the format yet)")
+                                    "last number (for small models that do not follow the format yet); "
+                                    "final_number = the same, of a finished message only (not one cut off at "
+                                    "max_output_tokens, whose last number is wherever the cut fell)")
 
 
 def user_text(task: RunRequest) -> str:
@@ -97,13 +103,17 @@ class ReasoningGymServer(ResourcesServer):
         text = final_message_text(request.response.output)
         answer = answer_of(text)
         details: dict[str, Any] = {"extracted": answer}
-        if answer is None and self.config.untagged_answer == "last_number":
+        untagged = self.config.untagged_answer
+        cut_off = untagged == "final_number" and request.response.status == "incomplete"
+        if answer is None and untagged != "none" and not cut_off:
             numbers = NUMBER.findall(text)
             answer = numbers[-1] if numbers else None
-            details.update(extracted=answer, extracted_from="last_number")
+            details.update(extracted=answer, extracted_from=untagged)
         if answer is None:
             details["reason"] = f"no <{ANSWER_TAG}>...</{ANSWER_TAG}> in the final message"
-            if self.config.untagged_answer == "last_number":
+            if cut_off:
+                details["reason"] += ", and it was cut off before a final number (untagged_answer: final_number)"
+            elif untagged != "none":
                 details["reason"] += ", and no number"
             return Verdict(reward=0.0, details=details)
         try:

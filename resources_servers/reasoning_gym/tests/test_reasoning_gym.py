@@ -230,6 +230,26 @@ def test_last_number_when_untagged_is_opt_in() -> None:
         assert nothing["reward"] == 0.0 and nothing["reason"] == "no <answer>...</answer> in the final message, and no number"
 
 
+def test_final_number_reads_finished_replies_only() -> None:
+    """A reply cut off at max_output_tokens while restating the question ends on one of its numbers: under
+    last_number that scores whenever the answer is one of them (a GRPO run learnt exactly this on lcm)."""
+    row = next(row for row in ROWS if row["dataset"] == "basic_arithmetic")  # "Calculate 4 - 1."
+    cut = {**final_response("To calculate 4 - 1, take 3"), "status": "incomplete",
+           "incomplete_details": {"reason": "max_output_tokens"}}
+    finished = {**final_response("4 - 1 = 3"), "status": "completed"}
+    for mode, rewards in (("last_number", (1.0, 1.0)), ("final_number", (0.0, 1.0))):
+        server = ReasoningGymServer(ReasoningGymServerConfig(untagged_answer=mode), name="reasoning_gym")
+        with serve_in_thread(server) as url, httpx.Client(base_url=url, timeout=30) as http:
+            answers = [http.post("/verify", json={**row, "response": response}).json() for response in (cut, finished)]
+        assert [answer["reward"] for answer in answers] == list(rewards), (mode, answers)
+    assert answers[0]["extracted"] is None and "cut off before a final number" in answers[0]["reason"]
+    assert answers[1]["extracted"] == "3" and answers[1]["extracted_from"] == "final_number"
+    cut_tagged = {**cut, "output": final_response("<answer>3</answer> and then")["output"]}
+    with serve_in_thread(ReasoningGymServer(ReasoningGymServerConfig(untagged_answer="final_number"),
+                                            name="reasoning_gym")) as url:
+        assert httpx.post(f"{url}/verify", json={**row, "response": cut_tagged}, timeout=30).json()["reward"] == 1.0
+
+
 def test_bad_rows_are_4xx_naming_the_field() -> None:
     row = leg_row()
     cases = [
