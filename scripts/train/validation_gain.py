@@ -1,7 +1,8 @@
 """Validation before → after of `rollgym train` runs, with `rollgym eval`'s statistics: each mean reward
 (with the history's reward_std over rollouts) and its 95 % interval over tasks, the paired difference over
-the same held-out tasks (beyond noise when its interval leaves out 0), and each epoch's train reward and
-groups trained on. One markdown row per run.
+the same held-out tasks (beyond noise when its interval leaves out 0), how many validation replies finished
+(were not cut off at the token limit) before and after, and each epoch's train reward and groups trained
+on. One markdown row per run.
 
     python scripts/train/validation_gain.py runs/rg-grpo-products-s1 runs/rg-grpo-products-s2 ...
 """
@@ -26,14 +27,20 @@ def tasks(path: Path) -> dict[str, TaskResult]:
     return {task: TaskResult(task, tuple(values)) for task, values in rewards.items()}
 
 
+def finished(path: Path) -> str:
+    """'finished of all' validation rollouts: those that ended on their own, not at the token limit."""
+    statuses = [orjson.loads(line).get("status") for line in path.read_bytes().splitlines() if line.strip()]
+    return f"{statuses.count('ok')}/{len(statuses)}"
+
+
 def row(run: Path) -> str:
     history = [orjson.loads(line) for line in (run / "history.jsonl").read_bytes().splitlines() if line.strip()]
     validated = [line["epoch"] for line in history if line.get("validation")]
     if len(validated) < 2:
-        return f"| {run.name} | not finished ({len(history)} history lines) | | | | |"
+        return f"| {run.name} | not finished ({len(history)} history lines) | | | | | |"
     first, last = validated[0], validated[-1]
-    before = tasks(run / f"epoch-{first:03d}" / "validation.jsonl")
-    after = tasks(run / f"epoch-{last:03d}" / "validation.jsonl")
+    files = [run / f"epoch-{epoch:03d}" / "validation.jsonl" for epoch in (first, last)]
+    before, after = tasks(files[0]), tasks(files[1])
     a, b = mean_reward(before.values()), mean_reward(after.values())
     diff = compare_tasks(before, after)
     assert a is not None and b is not None and diff is not None
@@ -43,7 +50,8 @@ def row(run: Path) -> str:
     verdict = "**rises**" if (diff.low or 0) > 0 else ("falls" if (diff.high or 0) < 0 else "within noise")
     return (f"| {run.name} | {a.value:.3f} ±{sd[first]:.2f} [{a.low:.2f}, {a.high:.2f}] "
             f"| {b.value:.3f} ±{sd[last]:.2f} [{b.low:.2f}, {b.high:.2f}] "
-            f"| {diff.difference:+.3f} [{diff.low:+.2f}, {diff.high:+.2f}] | {verdict} | {trained} |")
+            f"| {diff.difference:+.3f} [{diff.low:+.2f}, {diff.high:+.2f}] | {verdict} "
+            f"| {finished(files[0])} → {finished(files[1])} | {trained} |")
 
 
 def main(argv: list[str]) -> int:
@@ -56,8 +64,8 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     print("| run | before (epoch 0) ±sd [95 % CI] | after ±sd [95 % CI] | after − before, paired [95 % CI] | verdict "
-          "| train reward (groups trained) per epoch |")
-    print("|---|---|---|---|---|---|")
+          "| replies finished | train reward (groups trained) per epoch |")
+    print("|---|---|---|---|---|---|---|")
     for arg in argv:
         print(row(Path(arg)))
     return 0
