@@ -11,8 +11,8 @@ number of the message is scored instead (and the answer says so). That reading c
 off at max_output_tokens while restating the question ("The LCM of 2 and 4") ends on a number of the
 question, right whenever the answer is one of them, and GRPO learns to do just that. `final_number` reads
 the last number of a finished reply only (one cut off has no final answer: reward 0 with the reason).
-A scorer that raises is an
-environment failure (HTTP 500 with its cause, the rollout's status `env_error`), never a reward of 0.
+A scorer that raises is an environment failure (HTTP 500 with its cause, the rollout's status
+`env_error`), never a reward of 0.
 """
 
 from __future__ import annotations

@@ -107,7 +107,8 @@ def score_records(records: list[dict[str, Any]], config: TeacherConfig,
 
 
 async def score_records_async(records: list[dict[str, Any]], config: TeacherConfig,
-                     registry: Mapping[str, Any]) -> dict[str, Any]:
+                              registry: Mapping[str, Any]) -> dict[str, Any]:
+    """score_records from a running event loop (mode: async, beside the orchestrator's generation)."""
     client = ServerClient(registry, timeout_s=config.timeout_s, max_retries=2)
     try:
         await _prepare(client, config, registry)
