@@ -105,6 +105,19 @@ def _quiet() -> contextlib.AbstractContextManager:
     return contextlib.redirect_stdout(io.StringIO())
 
 
+def _questions(paths: list[str]) -> set[str]:
+    """The user messages (the questions) of task files, for --exclude; UsageError naming a bad file."""
+    questions: set[str] = set()
+    for path in paths:
+        try:
+            rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+            questions.update(message["content"] for row in rows for message in row["responses_create_params"]["input"]
+                             if message.get("role") == "user" and isinstance(message.get("content"), str))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UsageError(f"--exclude {path}: not a task file ({type(exc).__name__}: {exc})") from None
+    return questions
+
+
 def _write(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as handle:
@@ -122,9 +135,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     mixture = _mixture(args)
     started = time.perf_counter()
     counts = {"train": args.count, **({"validation": args.validation} if args.validation else {})}
+    exclude = _questions(args.exclude or [])
     try:
         with _quiet():
-            splits = generate(mixture, counts)
+            splits = generate(mixture, counts, exclude=exclude)
     except GeneratorError as exc:
         where = args.mixture or "--dataset"
         raise UsageError(f"{where}: {exc.field}: {exc}" if args.mixture else f"{exc}") from None
@@ -136,7 +150,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             by_name[row["dataset"]] = by_name.get(row["dataset"], 0) + 1
         mix = ", ".join(f"{name} {count}" for name, count in by_name.items())
         print(f"{outputs[split]}: {len(rows)} rows ({mix})")
-    print(f"seed {mixture.seed}, no question in two rows; {time.perf_counter() - started:.1f} s")
+    left_out = f", none of the {len(exclude)} in --exclude" if exclude else ""
+    print(f"seed {mixture.seed}, no question in two rows{left_out}; {time.perf_counter() - started:.1f} s")
     return 0
 
 
@@ -198,6 +213,8 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--output", required=True, help="the training split's JSONL")
     gen.add_argument("--validation", type=int, default=0, help="rows of the held-out split (other indices)")
     gen.add_argument("--validation-output", help="the held-out split's JSONL")
+    gen.add_argument("--exclude", nargs="+", metavar="FILE", help="task files whose questions are never drawn "
+                                                                  "(a held-out set disjoint from a training split)")
     gen.add_argument("--system-prompt", help="a reasoning-gym prompt name (default, direct, simple, "
                                              "DeepSeekZero, chain_of_draft) or a text asking for <answer> tags")
     gen.add_argument("--max-output-tokens", type=int, help="the rows' max_output_tokens (default 1024)")

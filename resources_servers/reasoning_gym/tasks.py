@@ -96,8 +96,10 @@ def task_row(mixture: Mixture, name: str, config: dict[str, Any], seed: int, siz
             "size": size, "index": index, "expected_answer": entry["answer"]}
 
 
-def generate(mixture: Mixture, counts: dict[str, int], generators: Generators | None = None) -> dict[str, list[dict]]:
-    """Rows per split (`counts` = {"train": 200, "validation": 50}, in that order), never a question twice.
+def generate(mixture: Mixture, counts: dict[str, int], generators: Generators | None = None,
+             exclude: set[str] | frozenset[str] = frozenset()) -> dict[str, list[dict]]:
+    """Rows per split (`counts` = {"train": 200, "validation": 50}, in that order), never a question twice,
+    nor one of `exclude` (the questions of task files made before: a held-out set disjoint from them).
 
     GeneratorError (its field naming the mixture entry) for a bad generator, config, or one that runs
     out of new questions.
@@ -115,7 +117,7 @@ def generate(mixture: Mixture, counts: dict[str, int], generators: Generators | 
         plan = Plan(spec, seed, {split: per_split[split][position] for split in counts})
         plan.pool = max(MIN_POOL, POOL_PER_ROW * sum(plan.counts.values()))
         plans.append(plan)
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     for position, plan in enumerate(plans):
         _draw(mixture, plan, position, seen, generators)
     out = {}

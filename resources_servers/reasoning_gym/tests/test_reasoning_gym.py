@@ -134,6 +134,25 @@ def test_shipped_files_are_what_generate_writes(tmp_path: Path) -> None:
     assert (tmp_path / "v.jsonl").read_bytes() == (ENV.path / "data" / "addition_validation.jsonl").read_bytes()
 
 
+def test_a_held_out_set_leaves_out_the_questions_of_other_files(tmp_path: Path) -> None:
+    """`--exclude`: the shipped gcd test file holds none of the plan's training or validation questions,
+    and is what the command in scripts/train/rg-gcd-test.yaml writes."""
+    data = ENV.path / "data"
+    made = [data / "gcd_train.jsonl", data / "gcd_validation.jsonl"]
+    argv = ["generate", "--mixture", str(ENV.path / "mixtures" / "gcd.yaml"), "--count", "128",
+            "--output", str(tmp_path / "test.jsonl"), "--exclude", *map(str, made)]
+    assert main(argv) == 0
+    assert (tmp_path / "test.jsonl").read_bytes() == (data / "gcd_test.jsonl").read_bytes()
+
+    def questions(path: Path) -> set[str]:
+        return {json.loads(line)["responses_create_params"]["input"][1]["content"] for line in path.open()}
+
+    before = questions(made[0]) | questions(made[1])
+    assert len(before) == 96 and len(questions(tmp_path / "test.jsonl")) == 128
+    assert not questions(tmp_path / "test.jsonl") & before
+    assert main([*argv[:-2], str(tmp_path / "missing.jsonl")]) == 2
+
+
 def test_a_generator_listed_twice_draws_other_questions() -> None:
     mixture = Mixture.model_validate({"datasets": [{"name": "leg_counting", "config": {"max_animals": 3}},
                                                    {"name": "leg_counting", "config": {"max_animals": 3}}]})
