@@ -41,7 +41,7 @@
 # (what the first copy left in .whl/ stays there) and run the rest:
 #   bash scripts/gpu/check.sh --only pytest,train,trl   # the table is runs/gpu-check/table.txt, logs beside it
 # The script installs the wheels of --wheels/core (and the parts joined) into a folder of its own, on PYTHONPATH,
-# and imports rollgym from services/ through a link there: nothing is installed system-wide.
+# and imports rollgym from services/rollgym/ through a link there: nothing is installed system-wide.
 set -u
 set -o pipefail
 
@@ -115,7 +115,7 @@ fi
 mkdir -p "$SITE"
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import rollgym" > /dev/null 2>&1; then
-    ln -sfn "$REPO/services" "$SITE/rollgym"  # the package is services/, imported as rollgym
+    ln -sfn "$REPO/services/rollgym" "$SITE/rollgym"  # the package folder, named as it is imported
 fi
 missing=$("$PY" - <<'EOF'
 import importlib.util

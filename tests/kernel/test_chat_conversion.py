@@ -27,7 +27,7 @@ def _load_module():
     name = "_rollgym_chat_conversion_under_test"
     if name in sys.modules:
         return sys.modules[name]
-    path = Path(__file__).resolve().parents[2] / "services" / "chat_conversion.py"
+    path = Path(__file__).resolve().parents[2] / "services" / "rollgym" / "chat_conversion.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look the module up while building the class

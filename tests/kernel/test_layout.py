@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SERVICES = REPO / "services"
+SERVICES = REPO / "services" / "rollgym"
 WINGS = {"stack", "rollouts", "data", "envkit", "view", "train", "eval", "cli"}
 # The wings each wing may import (besides the kernel). Data flows one way: rollouts -> data -> train,
 # so data/ imports neither the collection (rollouts/) nor the operators (stack/).
@@ -283,8 +283,8 @@ def test_the_facade_agrees_with_itself() -> None:
 
 
 def test_pyproject_lists_every_package() -> None:
-    config = tomllib.loads((SERVICES.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert config["package-dir"] == {"rollgym": "services"}
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {"": "services"}
     folders = {module_name(path.parent / "__init__.py") for path in SERVICES.rglob("__init__.py")}
     data_folders = set(config.get("package-data", {}))  # e.g. the viewer's static/, listed for its files
     assert set(config["packages"]) - data_folders == folders

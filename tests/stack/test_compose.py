@@ -248,9 +248,9 @@ def test_dockerfile_builds_from_files_that_exist() -> None:
     for source in sources:
         assert (REPO_ROOT / source).exists(), f"Dockerfile copies {source}, which does not exist"
         assert not dockerignored(source, patterns), f".dockerignore keeps {source} out of the build context"
-    for required in ("services/cli/__init__.py", "models/llamacpp/app.py", "resources_servers/weather/data/example.jsonl"):
+    for required in ("services/rollgym/cli/__init__.py", "models/llamacpp/app.py", "resources_servers/weather/data/example.jsonl"):
         assert not dockerignored(required, patterns), required
-    for left_out in (".venv/bin/python", ".git/HEAD", "runs/x.jsonl", "services/__pycache__/cli.cpython-311.pyc"):
+    for left_out in (".venv/bin/python", ".git/HEAD", "runs/x.jsonl", "services/rollgym/__pycache__/cli.cpython-311.pyc"):
         assert dockerignored(left_out, patterns), left_out
 
     # Every server folder a compose command names is in the image.

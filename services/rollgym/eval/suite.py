@@ -30,7 +30,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from ..config import StrictModel, key_problems, read_mapping
 
-ROOT = Path(__file__).resolve().parents[2]  # the rollgym checkout: bundled suites and environments
+ROOT = Path(__file__).resolve().parents[3]  # the rollgym checkout: bundled suites and environments
 SUITES_DIR = ROOT / "evals"
 ENVIRONMENTS_DIR = ROOT / "resources_servers"
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # becomes a folder of the output

@@ -65,7 +65,7 @@ def free_port() -> int:
 
 
 # The checkout this package is installed from in editable mode (`pip install -e .`), where the tests run.
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 # The command that runs the scripted backend (options after it: --port, --port-file, --token-info, ...).
 SCRIPTED_BACKEND_COMMAND = (sys.executable, "-m", "rollgym.testing.scripted_vllm")
 
