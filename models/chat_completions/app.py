@@ -31,6 +31,7 @@ from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.chat_conversion import ConversionError, chat_response_to_output, responses_to_chat_request
 from rollgym.client import Reply
 from rollgym.model import stamp_sampling
+from rollgym.sampling_contract import BACKEND_NEUTRAL, RESHAPING, record as sampling_record
 from rollgym.scoring import ScoreRequest, score_answer
 from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
@@ -93,24 +94,12 @@ class ChatCompletionsConfig(ServerConfig):
         return [self.base_url] if isinstance(self.base_url, str) else list(self.base_url)
 
 
-# The sampling settings a token backend is always sent, at these neutral values when neither the request nor
-# extra_body gives one: vLLM (and SGLang) otherwise fill the missing ones in from the model's
-# generation_config (e.g. its repetition_penalty or top_k), and the tokens would not be sampled under
-# what their items record.
-NEUTRAL_SAMPLING: dict[str, float] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                                      "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                                      "min_tokens": 0}
-
-
+# The sampling settings a token backend is always sent, at their neutral values when neither the request nor
+# extra_body gives one: the sampling contract's BACKEND_NEUTRAL.
 def applied_sampling(request: dict[str, Any], logprobs_mode: str) -> dict[str, Any]:
     """The sampling record of what the backend was sent (extra_body included, after pinning): temperature,
     top_p, top_k (0: off) and the logprobs mode, plus min_p, the penalties and min_tokens wherever not neutral."""
-    record: dict[str, Any] = {"temperature": float(request["temperature"]), "top_p": float(request["top_p"]),
-                              "top_k": max(0, int(request["top_k"])), "logprobs": logprobs_mode}
-    for key in ("min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens"):
-        if float(request[key]) != NEUTRAL_SAMPLING[key]:
-            record[key] = int(request[key]) if key == "min_tokens" else float(request[key])
-    return record
+    return sampling_record(request, logprobs_mode, applied=tuple(RESHAPING))
 
 
 @dataclass
@@ -214,7 +203,7 @@ class ChatCompletionsModel(ModelServer):
             self._adapt_messages(previous[1])
         chat_request.update(self.config.extra_body)
         if self.wants_tokens:
-            for key, neutral in NEUTRAL_SAMPLING.items():
+            for key, neutral in BACKEND_NEUTRAL.items():
                 if chat_request.get(key) is None:
                     chat_request[key] = neutral
 
@@ -299,7 +288,7 @@ class ChatCompletionsModel(ModelServer):
         body: dict[str, Any] = {"model": chat_request.get("model", self.config.model), "prompt": prompt_ids,
                                 "max_tokens": max_tokens,
                                 "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
-        for key in (*NEUTRAL_SAMPLING, "seed", "stop"):
+        for key in (*BACKEND_NEUTRAL, "seed", "stop"):
             if chat_request.get(key) is not None:
                 body[key] = chat_request[key]
         body.update(self.config.extra_body)

@@ -28,6 +28,7 @@ Next to `entrypoint`, two more keys are the stack's, not the server's (docs/depl
 from __future__ import annotations
 
 import difflib
+import re
 import importlib.util
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -370,6 +371,52 @@ def split_configs(items: list[str]) -> tuple[list[str], list[str]]:
         else:
             files.append(item)
     return files, overrides
+
+
+_DOTTED_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
+
+
+def _dotted_path(key: str, kind: str) -> list[str | int]:
+    """"stages[1].collect.input" -> ["stages", 1, "collect", "input"]; ValueError for anything else."""
+    path: list[str | int] = []
+    for part in key.split("."):
+        match = _DOTTED_PART.match(part)
+        if match is None:
+            raise ValueError(f"override {key!r}: a key is a {kind} key, or section.key, with [N] for a list item "
+                             "(e.g. seed, stack.concurrency, stages[0].collect.input)")
+        path.append(match.group(1))
+        path.extend(int(index) for index in re.findall(r"\[(\d+)\]", match.group(2)))
+    return path
+
+
+def set_dotted(data: dict[str, Any], key: str, value: Any, known: list[str], kind: str) -> None:
+    """Set `key` ("seed", "stack.concurrency" inside a section, "stages[1].epochs" inside a list item)
+    of a raw mapping to `value`; `known`: its top-level keys. ValueError names the override at fault."""
+    path = _dotted_path(key, kind)
+    if path[0] not in known:
+        raise ValueError(f"override {key!r}: the {kind} has no key {path[0]!r} (keys: {', '.join(known)})")
+    node: Any = data
+    for depth, part in enumerate(path[:-1]):
+        where = _dotted(path[: depth + 1])
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                size = len(node) if isinstance(node, list) else 0
+                raise ValueError(f"override {key!r}: '{where}' is not there (the list has {size} items)")
+        elif node.get(part) is None:
+            node[part] = {}
+        child = node[part]
+        if not isinstance(child, (dict, list)) or isinstance(path[depth + 1], int) != isinstance(child, list):
+            shape = "a list" if isinstance(path[depth + 1], int) else "a section of keys"
+            raise ValueError(f"override {key!r}: '{where}' is not {shape}")
+        node = child
+    last = path[-1]
+    if isinstance(last, int) and (not isinstance(node, list) or last >= len(node)):
+        raise ValueError(f"override {key!r}: '{_dotted(path)}' is not there")
+    node[last] = value
+
+
+def _dotted(path: list[str | int]) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else part) for i, part in enumerate(path))
 
 
 def import_target(target: str) -> Any:

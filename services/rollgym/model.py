@@ -18,22 +18,20 @@ from fastapi import FastAPI, Request, Response
 
 from .adapters import (Adapter, AdapterRegistry, LoadLoraAdapterRequest, UnloadLoraAdapterRequest, content_digest,
                        model_card, stamp_version)
+from .sampling_contract import RESHAPING, SERVER_KNOBS, record as sampling_record
 from .schema import ResponsesCreateParams
 from .scoring import ScoreRequest
 from .server import BadRequest, BaseServer, JSONBytesResponse, parse_body, read_json
 from .streaming import stream_chat_completion, stream_response, wants_usage
 
 
-# Sampling knobs beyond the Responses API's, with their neutral values. A server lists in `applies` those its
-# sampler honours; a request that sets another is refused (422 naming it) rather than sampled without it
-# under a record that says otherwise.
-SAMPLING_KNOBS: dict[str, float] = {"min_tokens": 0, "repetition_penalty": 1.0}
-
-
+# Sampling knobs beyond the Responses API's (the sampling contract's SERVER_KNOBS). A server lists in `applies`
+# those its sampler honours; a request that sets another is refused (422 naming it) rather than sampled without
+# it under a record that says otherwise.
 def sampling_knob_problem(payload: dict[str, Any], applies: frozenset[str], server: str) -> None:
     """BadRequest naming the first sampling knob of `payload` that is malformed or that the server cannot apply."""
-    for key, neutral in SAMPLING_KNOBS.items():
-        value = payload.get(key)
+    for key in SERVER_KNOBS:
+        value, neutral = payload.get(key), RESHAPING[key]
         if value is None:
             continue
         if key == "min_tokens" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
@@ -50,7 +48,7 @@ class ModelServer(BaseServer):
     """Base of every model server."""
 
     role: ClassVar[str] = "models"
-    applies: ClassVar[frozenset[str]] = frozenset()  # which SAMPLING_KNOBS the server's sampler honours
+    applies: ClassVar[frozenset[str]] = frozenset()  # which SERVER_KNOBS the server's sampler honours
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -201,19 +199,6 @@ def adapter_body(model: type[Any], payload: Any) -> Any:
         raise
 
 
-def sampling_record(payload: dict[str, Any], logprobs_mode: str) -> dict[str, Any]:
-    """What a request's tokens were sampled under (the OpenAI defaults where it says nothing), and
-    which distribution their logprobs belong to: what a trainer needs to compute the same logprobs."""
-    temperature = payload.get("temperature")
-    top_p = payload.get("top_p")
-    record = {"temperature": 1.0 if temperature is None else float(temperature),
-              "top_p": 1.0 if top_p is None else float(top_p), "top_k": int(payload.get("top_k") or 0),
-              "logprobs": logprobs_mode}
-    record.update({key: payload[key] for key, neutral in SAMPLING_KNOBS.items()  # set: the server applied them
-                   if payload.get(key) is not None and float(payload[key]) != neutral})
-    return record
-
-
 def stamp_sampling(output: list[dict[str, Any]], sampling: dict[str, Any]) -> None:
     """Put `sampling` on every item that carries a model call's tokens."""
     for item in output:
@@ -240,7 +225,7 @@ def build_response(
     usage = usage or {}
     stamp_version(output, model_version)
     if logprobs_mode is not None:
-        stamp_sampling(output, sampling_record(payload, logprobs_mode))
+        stamp_sampling(output, sampling_record(payload, logprobs_mode))  # the server applied its knobs
     input_tokens = int(usage.get("input_tokens", 0))
     output_tokens = int(usage.get("output_tokens", 0))
     input_details = usage.get("input_tokens_details") or {}

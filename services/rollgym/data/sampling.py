@@ -1,16 +1,12 @@
-"""What a collection samples under, beyond one temperature: a temperature schedule over steps, and the
-sampling knobs that reshape the distribution a trainer would have to rebuild.
+"""What a collection samples under, beyond one temperature: a temperature schedule over steps.
 
 - **Schedule.** `params.temperature` is a number, or Surogate's `temp_scheduler` as a mapping:
   `{type: linear | cosine, start_temperature, end_temperature}`, the start at the first step and the end at
   the last (a stage's epochs in epochs mode, `max_steps` in async mode). Every request carries the
   temperature of its step, and every generated item records it (`sampling.temperature`), so an RL trainer
   takes each rollout's own.
-- **Knobs.** `min_tokens` (the end of turn is barred until that many tokens) and the penalties
-  (`repetition_penalty`, `presence_penalty`, `frequency_penalty`) and `min_p` change which tokens can be drawn
-  and with what probability: μ is then no longer softmax(logits / T), which is all the policy-gradient
-  trainer computes. They go to the model server, are recorded where set, and `refuse_unreproducible` stops
-  the trainer on a rollout sampled under one.
+- **Knobs.** `min_tokens`, `min_p` and the penalties change which tokens can be drawn and with what
+  probability; which of them a trainer can rebuild is the sampling contract's (`rollgym.sampling_contract`).
 """
 
 from __future__ import annotations
@@ -19,30 +15,6 @@ import math
 from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-# The knobs and their neutral values (the value that leaves the distribution as it is).
-UNREPRODUCIBLE: dict[str, float] = {"min_tokens": 0, "min_p": 0.0, "repetition_penalty": 1.0,
-                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
-
-
-def reshaping_knobs(sampling: Mapping[str, Any]) -> dict[str, Any]:
-    """The knobs of a sampling record (or of request params) set away from their neutral value."""
-    out = {}
-    for key, neutral in UNREPRODUCIBLE.items():
-        value = sampling.get(key)
-        if value is not None and not isinstance(value, bool) and isinstance(value, (int, float)) \
-                and float(value) != neutral:
-            out[key] = value
-    return out
-
-
-def refuse_unreproducible(sampling: Mapping[str, Any], where: str, error: type[Exception] = ValueError) -> None:
-    """Raise `error` naming the knobs a rollout's tokens were sampled under that a trainer cannot rebuild."""
-    knobs = reshaping_knobs(sampling)
-    if knobs:
-        raise error(f"{where}: sampled with {', '.join(f'{k} {v}' for k, v in knobs.items())}: the trainer computes "
-                    "softmax(logits / temperature) and cannot rebuild a distribution that min_tokens, min_p or a "
-                    "penalty reshaped; collect without them (they suit SFT or filtering data, not RL)")
 
 
 class TemperatureSchedule(BaseModel):
@@ -82,5 +54,4 @@ def params_at(params: Mapping[str, Any], step: int, last: int) -> dict[str, Any]
     return {**params, "temperature": schedule.at(step, last)}
 
 
-__all__ = ["TemperatureSchedule", "UNREPRODUCIBLE", "params_at", "refuse_unreproducible", "reshaping_knobs",
-           "temperature_schedule"]
+__all__ = ["TemperatureSchedule", "params_at", "temperature_schedule"]

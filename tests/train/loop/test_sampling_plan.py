@@ -15,7 +15,8 @@ import yaml
 from rollgym.client import ServerAddress
 from rollgym.data.jsonl import read_whole_lines
 from rollgym.data.records import output_items
-from rollgym.data.sampling import TemperatureSchedule, params_at, refuse_unreproducible
+from rollgym.data.sampling import TemperatureSchedule, params_at
+from rollgym.sampling_contract import refuse_unreproducible
 from rollgym.testing import REPO_ROOT
 from rollgym.train.loop.epochs import TrainLoop
 from rollgym.train.loop.plan import PlanError, load_plan

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from rollgym.train.trainers.grpo_config import GRPOConfig  # noqa: E402
-from rollgym.train.trainers import grpo_trainer  # noqa: E402
+from rollgym.train.trainers import token_logprobs  # noqa: E402
 from rollgym.train.trainers.grpo_trainer import PolicyTrainer, TrainSequence  # noqa: E402
 from rollgym.train.trainers.packed_attention import NAME, segment_boundaries, use_varlen  # noqa: E402
 
@@ -124,7 +124,7 @@ def test_the_varlen_kernel_on_cuda_matches_the_masked_attention(tiny_model) -> N
 
 def test_the_softmax_in_chunks_gives_the_whole_ones_logprobs_and_gradient(tiny_model, monkeypatch) -> None:
     whole, whole_metrics, _ = sgd_step(tiny_model)
-    monkeypatch.setattr(grpo_trainer, "LOGIT_CHUNK", 7)  # several chunks, the last one short
+    monkeypatch.setattr(token_logprobs, "LOGIT_CHUNK", 7)  # several chunks, the last one short
     chunked, chunked_metrics, _ = sgd_step(tiny_model)
     assert chunked_metrics["loss"] == pytest.approx(whole_metrics["loss"], rel=1e-6)
     assert all(torch.allclose(chunked[n], whole[n], atol=1e-7, rtol=1e-5) for n in whole)

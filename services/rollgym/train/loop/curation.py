@@ -34,6 +34,7 @@ from ...data.curriculum import CurriculumConfig, select_groups
 from ...data.advantages import AdvantageConfig, rollout_advantages, with_turn_advantages
 from ...data.records import model_token_mask, model_versions, output_items
 from ...data.rollout_filters import RolloutFilter, flagged_by
+from ...sampling_contract import temperature_of, top_p_of
 from ...data.export import (
     TOLERANCE, RolloutError, dpo_candidate, dpo_pairs, grpo_keeps, grpo_member, grpo_record, natural_key,
     prompt_messages, rollout_messages,
@@ -391,9 +392,7 @@ def sampling_of(rollout: dict[str, Any]) -> dict[str, Any]:
         if isinstance(item, dict) and isinstance(item.get("sampling"), dict):
             return dict(item["sampling"])
     params = rollout.get("responses_create_params") or {}
-    temperature, top_p = params.get("temperature"), params.get("top_p")
-    return {"temperature": 1.0 if temperature is None else float(temperature),
-            "top_p": 1.0 if top_p is None else float(top_p), "logprobs": "unknown"}
+    return {"temperature": temperature_of(params), "top_p": top_p_of(params), "logprobs": "unknown"}
 
 
 __all__ = ["CurateConfig", "Curated", "CurationError", "curate", "on_policy", "reward_keys", "sampling_of", "to_groups",

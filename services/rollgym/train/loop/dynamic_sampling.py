@@ -4,8 +4,9 @@ curation drops it (`zero_reward_spread`, or `low_reward_spread` under `curate.mi
 `collect.difficulty.enabled`, the collect phase counts the groups curation would keep and, while fewer than
 the planned ones (`collect.limit`, else every task of the file) are left, collects fresh ones from the task
 file's next rows: `ceil(missing * oversampling_factor)` tasks a round, at most `max_refill_rounds` rounds.
-The rounds run in `collect.Collections.refill`; this module holds the section, its check and the
-counting. A refill round's rollouts go to `refill-N.jsonl` beside `rollouts.jsonl` (its tasks to
+The rounds run in `collect.Collections.refill`; this module holds the check of the section (the one
+`DifficultyConfig` of both modes, orchestrator/config.py) and the counting. A refill round's rollouts go to
+`refill-N.jsonl` beside `rollouts.jsonl` (its tasks to
 `refill-N.tasks.jsonl`, each row with the group_id of its line in the task file), and curation reads
 them all. The bound, or a task file with no rows left, stops the refills: counted in history
 (`dynamic_sampling`), never a failure; an epoch left with nothing to train on is skipped as before.
@@ -17,28 +18,20 @@ import math
 from pathlib import Path
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
 from ...data.jsonl import read_whole_lines
 from ...rollouts.collector import Task
+from ..orchestrator.config import DifficultyConfig
 from .curation import CurateConfig, CurationError, curate
 
 SPREAD_DROPS = ("zero_reward_spread", "low_reward_spread")
 
 
-class DifficultyConfig(BaseModel):
-    """A stage's `collect.difficulty`: refill groups without reward spread (named as the async
-    orchestrator's `difficulty.enabled` and `oversampling_factor`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(default=False, description="refill the groups curation drops for no reward spread")
-    oversampling_factor: float = Field(default=1.0, ge=1.0, description="tasks collected per group still missing")
-    max_refill_rounds: int = Field(default=2, ge=0, description="extra collections per epoch at most")
-
-
 def difficulty_problem(difficulty: DifficultyConfig, data: str | None, trainer: str) -> str | None:
     """Why a stage cannot refill groups (None: it can, or it does not ask to)."""
+    if keys := difficulty.other_mode_keys("epochs"):
+        return (f"collect.difficulty: {', '.join(keys)} apply in mode: async (orchestrator.difficulty); an epoch "
+                "refills the groups curation drops for no reward spread")
     if difficulty.enabled and data != "groups":
         return f"collect.difficulty.enabled: refills groups for a trainer of groups (grpo); {trainer} trains on {data}"
     return None
@@ -75,4 +68,4 @@ def write_tasks(path: Path, tasks: list[Task]) -> None:
     path.write_bytes(b"".join(orjson.dumps({**task.row, "group_id": task.group_id}) + b"\n" for task in tasks))
 
 
-__all__ = ["DifficultyConfig", "difficulty_problem", "epoch_files", "group_counts", "refill_tasks", "write_tasks"]
+__all__ = ["difficulty_problem", "epoch_files", "group_counts", "refill_tasks", "write_tasks"]

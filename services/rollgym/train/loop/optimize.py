@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from ...data.jsonl import write_json_atomic
 from ..trainers.base import Artefact, RemoteTrainer, TrainConfig, load_trainer
+from ..trainers.grpo_config import GRPOConfig
 from ..trainers.jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
 from .plan import RL_TRAINERS, OptimizeConfig, Plan
 
@@ -68,18 +69,18 @@ def step_config(plan: Plan, optimize: OptimizeConfig, folder: Path, version: str
                        args=trainer_args(plan, optimize), run_dir=str(Path(plan.output)))
 
 
-def trainer_args(plan: Plan, optimize: OptimizeConfig) -> dict[str, Any]:
-    """The trainer's arguments as it gets them: for an RL trainer, with `total_steps` (the LR
-    schedule's length) filled in from the plan when it does not give one."""
-    args = dict(optimize.args)
-    if optimize.trainer not in RL_TRAINERS or args.get("total_steps"):
+def trainer_args(plan: Plan, optimize: OptimizeConfig) -> dict[str, Any] | GRPOConfig:
+    """The trainer's arguments as it gets them: for an RL trainer, its typed config (parsed once, with the
+    plan) with `total_steps` (the LR schedule's length) filled in from the plan when it does not give one;
+    any other trainer's own dict."""
+    args = optimize.grpo
+    if args is None:
+        return dict(optimize.args)
+    if args.total_steps:
         return args
-    per_step = args.get("groups_per_step")
-    passes = float(args.get("epochs", 1.0))
-    updates = int(args.get("mini_batches", 1))
 
     def steps(groups: int) -> int:
-        return max(1, math.ceil(passes * math.ceil(groups / (per_step or groups)))) * updates
+        return max(1, math.ceil(args.epochs * math.ceil(groups / (args.groups_per_step or groups)))) * args.mini_batches
 
     if plan.orchestrator is not None:
         total = steps(plan.orchestrator.batch_size // plan.orchestrator.rollouts_per_example) * (
@@ -87,9 +88,7 @@ def trainer_args(plan: Plan, optimize: OptimizeConfig) -> dict[str, Any]:
     else:
         total = sum(stage.epochs * steps(stage.collect.limit or _task_count(stage.collect.files[0]))
                     for stage in plan.stages if stage.optimize is optimize and stage.collect is not None)
-    if total:
-        args["total_steps"] = total
-    return args
+    return args.model_copy(update={"total_steps": total}) if total else args
 
 
 def _task_count(path: str) -> int:

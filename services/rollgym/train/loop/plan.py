@@ -38,17 +38,19 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
-from ...config import StrictModel, import_target, key_problems, read_mapping
-from ...data.sampling import reshaping_knobs, temperature_schedule
+from ...config import StrictModel, import_target, key_problems, read_mapping, set_dotted
+from ...data.sampling import temperature_schedule
+from ...sampling_contract import params_problems, temperature_of
 from .curation import CurateConfig, SegmentMode, unverified_problem
-from .dynamic_sampling import DifficultyConfig, difficulty_problem
-from ..orchestrator.config import OrchestratorConfig, task_file_problem
+from .dynamic_sampling import difficulty_problem
+from ..orchestrator.config import DifficultyConfig, OrchestratorConfig, task_file_problem
 from .teacher import TeacherConfig, teacher_file_problems, teacher_plan_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
 from ..trainers.base import BUILTIN, DATA_KIND
+from ..trainers.grpo_config import GRPOConfig
 
 # The trainers that train on the sampling policy's logprobs with rollgym's own objective (grpo_trainer.py).
 RL_TRAINERS = frozenset({"grpo", "trl_grpo"})
@@ -114,6 +116,17 @@ class OptimizeConfig(StrictModel):
     data: Literal["sft", "preferences", "groups"] | None = Field(
         default=None, description="what to curate to; default: what the built-in trainer trains on")
     args: dict[str, Any] = Field(default_factory=dict, description="the trainer's own arguments")
+    # An RL trainer's args, parsed once here and handed on (to the teacher check, the trainer process, the loss).
+    _grpo: GRPOConfig | None = PrivateAttr(default=None)
+
+    @property
+    def grpo(self) -> GRPOConfig | None:
+        """The RL trainer's typed arguments (None for any other trainer, whose args are its own)."""
+        return self._grpo
+
+    @property
+    def finetune(self) -> str | None:
+        return self._grpo.finetune if self._grpo is not None else self.args.get("finetune")
 
     @model_validator(mode="after")
     def _known(self) -> "OptimizeConfig":
@@ -124,10 +137,8 @@ class OptimizeConfig(StrictModel):
                 raise ValueError("say what a custom trainer trains on: data: sft | preferences | groups")
             self.data = DATA_KIND[self.trainer]  # type: ignore[assignment]
         if self.trainer in RL_TRAINERS:
-            from ..trainers.grpo_config import GRPOConfig
-
             try:  # a misspelt argument fails here, not in the trainer after the first collection
-                GRPOConfig.model_validate(self.args)
+                self._grpo = GRPOConfig.model_validate(self.args)
             except ValidationError as exc:
                 raise ValueError("\n".join(f"args.{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
                                            for error in exc.errors())) from None
@@ -277,8 +288,8 @@ class Plan(StrictModel):
         problems = [f"stages[{i}].optimize.args.finetune: full trains every weight, which stages[{i}].apply: lora "
                     "cannot serve (it hot-loads a LoRA adapter); use apply: merged or none, or finetune: lora"
                     for i, stage in enumerate(self.stages)
-                    if stage.optimize.args.get("finetune") == "full" and stage.apply == "lora"]
-        if self.mode == "async" and self.optimize is not None and self.optimize.args.get("finetune") == "full":
+                    if stage.optimize.finetune == "full" and stage.apply == "lora"]
+        if self.mode == "async" and self.optimize is not None and self.optimize.finetune == "full":
             problems.append("optimize.args.finetune: full cannot run with mode: async, which hot-loads every step's "
                             "LoRA adapter (/v1/load_lora_adapter); use finetune: lora")
         return problems
@@ -294,25 +305,20 @@ class Plan(StrictModel):
                       for i, env in enumerate(self.orchestrator.envs)]
         problems = []
         for where, params, optimize_key, optimize in pairs:
-            if optimize.trainer not in RL_TRAINERS:
+            if optimize.grpo is None:
                 continue
-            trained = optimize.args.get("temperature")
+            trained = optimize.grpo.temperature
             if isinstance(params.get("temperature"), dict):  # a schedule: each rollout's recorded one trains
                 if trained is not None:
                     problems.append(f"{optimize_key}.args.temperature: {where}.temperature is a schedule; leave it "
                                     "out (the trainer takes the temperature each rollout was sampled at)")
                 sampled = trained = None
             else:
-                sampled = float(params.get("temperature", 1.0))
+                sampled = temperature_of(params)
             if trained is not None and float(trained) != sampled:
                 problems.append(f"{optimize_key}.args.temperature {trained} disagrees with {where}.temperature "
                                 f"{sampled}: the trainer must compute the logprobs of the distribution that was sampled")
-            if float(params.get("top_p", 1.0)) < 1.0 or int(params.get("top_k") or 0) > 0:
-                problems.append(f"{where}: top_p/top_k truncate the sampling distribution, which {optimize.trainer} "
-                                "cannot rebuild; collect with top_p 1 and no top_k")
-            if knobs := reshaping_knobs(params):
-                problems.append(f"{where}: {', '.join(knobs)} reshape the sampling distribution, which "
-                                f"{optimize.trainer} cannot rebuild; collect without them (SFT or filtering data only)")
+            problems += [f"{where}: {problem}" for problem in params_problems(params, optimize.trainer)]
         return problems
 
     def epochs(self) -> list[tuple[int, StageConfig]]:
@@ -333,8 +339,11 @@ def load_plan(path: str | Path, overrides: Mapping[str, Any] | None = None) -> P
         raise PlanError(str(exc)) from None
     for note in renamed_keys(data):
         print(f"rollgym: {path}: {note}", file=sys.stderr)
-    for key, value in (overrides or {}).items():
-        _override(data, key, value)
+    try:
+        for key, value in (overrides or {}).items():
+            set_dotted(data, key, value, list(Plan.model_fields), "plan")
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:
@@ -409,52 +418,6 @@ def renamed_keys(data: dict[str, Any]) -> list[str]:
             section["trainer"] = section.pop("adapter")
             notes.append(f"key '{where}.adapter' is now '{where}.trainer'; the old name is still read, rename it")
     return notes
-
-
-_KEY_PART = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)((?:\[\d+\])*)$")
-
-
-def _key_path(key: str) -> list[str | int]:
-    """"stages[1].collect.input" -> ["stages", 1, "collect", "input"]; PlanError for anything else."""
-    path: list[str | int] = []
-    for part in key.split("."):
-        match = _KEY_PART.match(part)
-        if match is None:
-            raise PlanError(f"override {key!r}: a key is a plan key, or section.key, with [N] for a list item "
-                            "(e.g. seed, stack.concurrency, stages[0].collect.input)")
-        path.append(match.group(1))
-        path.extend(int(index) for index in re.findall(r"\[(\d+)\]", match.group(2)))
-    return path
-
-
-def _override(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set `key` ("seed", "stack.concurrency" inside a section, "stages[1].epochs" inside a list item)
-    of a plan's raw mapping to `value`."""
-    path = _key_path(key)
-    if path[0] not in Plan.model_fields:
-        raise PlanError(f"override {key!r}: the plan has no key {path[0]!r} (keys: {', '.join(Plan.model_fields)})")
-    node: Any = data
-    for depth, part in enumerate(path[:-1]):
-        where = _dotted(path[: depth + 1])
-        if isinstance(part, int):
-            if not isinstance(node, list) or part >= len(node):
-                size = len(node) if isinstance(node, list) else 0
-                raise PlanError(f"override {key!r}: '{where}' is not there (the list has {size} items)")
-        elif node.get(part) is None:
-            node[part] = {}
-        child = node[part]
-        if not isinstance(child, (dict, list)) or isinstance(path[depth + 1], int) != isinstance(child, list):
-            kind = "a list" if isinstance(path[depth + 1], int) else "a section of keys"
-            raise PlanError(f"override {key!r}: '{where}' is not {kind}")
-        node = child
-    last = path[-1]
-    if isinstance(last, int) and (not isinstance(node, list) or last >= len(node)):
-        raise PlanError(f"override {key!r}: '{_dotted(path)}' is not there")
-    node[last] = value
-
-
-def _dotted(path: list[str | int]) -> str:
-    return "".join(f"[{part}]" if isinstance(part, int) else (f".{part}" if i else part) for i, part in enumerate(path))
 
 
 def file_problems(plan: Plan) -> list[tuple[str, str]]:

@@ -29,6 +29,7 @@ from ...adapters import load_everywhere
 from ...client import ServerCallError, ServerClient
 from ...config import StrictModel
 from ...data.records import model_token_mask
+from ...sampling_contract import temperature_of
 from ...scoring import PROBE_TEXT, tokenizer_problem
 
 POLICY = "policy_model"  # the student: the model server the stack's agents name
@@ -74,8 +75,7 @@ def teacher_plan_problems(places: list[tuple[str, TeacherConfig | None, Any]]) -
     problems = []
     for key, teacher, optimize in places:
         loss_key = key.removesuffix("teacher") + "optimize"  # stages[i].optimize, or the async plan's optimize
-        loss = optimize.args.get("loss") or {}
-        tau = float(loss.get("teacher_tau", 0.0) or 0.0) if isinstance(loss, dict) else 0.0
+        tau = optimize.grpo.loss.teacher_tau if optimize.grpo is not None else 0.0
         custom = ":" in optimize.trainer
         if teacher is not None and optimize.trainer != "grpo" and not custom:
             problems.append(f"{key}: only the grpo trainer trains on teacher logprobs ({loss_key}.trainer is "
@@ -168,7 +168,7 @@ async def _probe(client: ServerClient, server: str) -> list[int] | None:
 async def _score(client: ServerClient, config: TeacherConfig, sequence: dict[str, Any],
                  member: dict[str, Any]) -> list[float]:
     rollout_id = member.get("rollout_id")
-    temperature = config.temperature or float((member.get("sampling") or {}).get("temperature", 1.0))
+    temperature = config.temperature or temperature_of(member.get("sampling") or {})
     body = {"prompt_token_ids": sequence["prompt_ids"], "completion_token_ids": sequence["completion_ids"],
             "temperature": temperature}
     if config.model_name:

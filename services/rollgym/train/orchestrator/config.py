@@ -8,7 +8,7 @@ an `advantage` and a `difficulty` section.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -34,9 +34,13 @@ class EnvConfig(StrictModel):
 
 
 class DifficultyConfig(StrictModel):
-    """Online difficulty filtering: groups that teach nothing are replaced by fresh ones."""
+    """Difficulty filtering, one section for both modes: groups that teach nothing are replaced by fresh ones.
+    mode: async (`orchestrator.difficulty`) drops a finished group as easy or hard by its rewards and may send
+    its task again; mode: epochs (`stages[i].collect.difficulty`, loop/dynamic_sampling.py) refills the groups
+    curation drops for no reward spread. Each mode refuses the keys only the other applies."""
 
-    enabled: bool = False
+    enabled: bool = Field(default=False, description="replace groups that teach nothing")
+    # mode: async
     reward_min: float = Field(default=0.0, description="a group whose rewards are all <= this is 'hard'")
     reward_max: float = Field(default=1.0, description="a group whose rewards are all >= this is 'easy'")
     easy_threshold: float | None = Field(default=None, description="a group whose mean reward is >= this is 'easy'")
@@ -45,6 +49,20 @@ class DifficultyConfig(StrictModel):
                                                                       "at each pass over the tasks")
     hard_fraction: float = Field(default=0.0, ge=0, le=1, description="chance a hard-pool task is sent again "
                                                                       "at each pass over the tasks")
+    # mode: epochs (the async orchestrator's own oversampling_factor is a key of its section)
+    oversampling_factor: float = Field(default=1.0, ge=1.0, description="epochs: tasks collected per group still "
+                                       "missing")
+    max_refill_rounds: int = Field(default=2, ge=0, description="epochs: extra collections per epoch at most")
+
+    ASYNC_KEYS: ClassVar[tuple[str, ...]] = ("reward_min", "reward_max", "easy_threshold", "hard_threshold",
+                                             "easy_fraction", "hard_fraction")
+    EPOCHS_KEYS: ClassVar[tuple[str, ...]] = ("oversampling_factor", "max_refill_rounds")
+
+    def other_mode_keys(self, mode: str) -> list[str]:
+        """The keys set away from their default here that only the other mode applies (`mode`: "async" or
+        "epochs"); a dumped section lists every key at its default."""
+        other = self.EPOCHS_KEYS if mode == "async" else self.ASYNC_KEYS
+        return [key for key in other if getattr(self, key) != type(self).model_fields[key].default]
 
 
 class OrchestratorConfig(StrictModel):
@@ -93,6 +111,14 @@ class OrchestratorConfig(StrictModel):
                              "unverified rollouts with `rollgym collect-rollouts --skip-verification` or a stage's "
                              "collect.skip_verification (data: sft)")
         return skip
+
+    @field_validator("difficulty")
+    @classmethod
+    def _async_keys(cls, difficulty: DifficultyConfig) -> DifficultyConfig:
+        if keys := difficulty.other_mode_keys("async"):
+            raise ValueError(f"{', '.join(keys)}: a key of mode: epochs (stages[i].collect.difficulty); the "
+                             "orchestrator's own oversampling_factor is a key of its section")
+        return difficulty
 
     @model_validator(mode="after")
     def _consistent(self) -> "OrchestratorConfig":

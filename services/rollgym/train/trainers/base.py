@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from ...config import import_target
 
@@ -50,7 +50,10 @@ class TrainConfig(BaseModel):
     seed: int = 0
     export_gguf: Literal["none", "f16", "f32", "q8_0"] = Field(
         default="none", description="also write the merged weights as a GGUF the embedded model server can serve")
-    args: dict[str, Any] = Field(default_factory=dict, description="the adapter's own arguments, from the plan")
+    # A trainer's own arguments from the plan: a dict, or the typed config the plan parsed them into once (the
+    # grpo trainer's GRPOConfig), handed on as that object and written out whole.
+    args: dict[str, Any] | SerializeAsAny[BaseModel] = Field(default_factory=dict,
+                                                             description="the trainer's own arguments, from the plan")
     run_dir: str | None = Field(default=None, description="the run's folder: a long-lived trainer keeps its process "
                                                           "state there (grpo: RUN/trainer/)")
 

@@ -61,27 +61,26 @@ across steps), rather than −Σ c · log π, whose value mixes in the logprobs'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Hashable, Literal, Sequence
+from typing import Any, ClassVar, Hashable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Aggregation = Literal["token_mean", "sequence_mean", "constant"]
+from .objectives import Aggregation, LossConfig, LossInputs, LossOutputs, Objective
+
 LOG_RATIO_BOUND = 20.0  # |log r| and |log ρ| are clamped to this before exp
-Objective = Literal["ppo_tis", "surogate"]
-# The keys of one objective only; `aggregation`, `max_tokens` and `kl_beta` are both objectives'.
-PPO_TIS_KEYS = ("clip_low", "clip_high", "correction", "tis_cap", "mask_low", "mask_high", "dual_clip")
-SUROGATE_KEYS = ("ratio_type", "kl_tau", "adv_tau", "teacher_tau", "token_mask_low", "token_mask_high",
-                 "geo_mask_low", "geo_mask_high", "sequence_mask_low", "sequence_mask_high", "sequence_clip_high")
 
 
-class LossConfig(BaseModel):
-    """The objective's settings (the plan's `optimize.args.loss`). `objective` unset: `surogate` when any
-    of its keys is given (a Surogate `loss:` block pastes in unchanged), else `ppo_tis`."""
+class KLToReference(BaseModel):
+    """The key both built-in objectives share: a k3 KL term to the reference model."""
 
     model_config = ConfigDict(extra="forbid")
 
-    objective: Objective | None = Field(default=None, description="ppo_tis (default) or surogate")
+    kl_beta: float = Field(default=0.0, ge=0.0, description="weight of the k3 KL estimate to the reference model")
+
+
+class PPOTISConfig(KLToReference):
+    """objective: ppo_tis's keys."""
+
     clip_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="PPO clip below 1")
     clip_high: float = Field(default=0.28, ge=0.0, description="PPO clip above 1 (DAPO's clip-higher)")
     correction: Literal["tis", "none"] = Field(
@@ -91,48 +90,46 @@ class LossConfig(BaseModel):
     mask_high: float | None = Field(default=2.0, gt=0.0, description="mask a rollout whose geometric-mean ρ is above")
     dual_clip: float | None = Field(
         default=3.0, gt=1.0, description="A < 0: bound a token's term at dual_clip·A (verl's clip_ratio_c); None: off")
-    kl_beta: float = Field(default=0.0, ge=0.0, description="weight of the k3 KL estimate to the reference model")
-    aggregation: Aggregation = "token_mean"
-    max_tokens: int | None = Field(default=None, ge=1, description="constant aggregation: the normaliser C")
-    # objective: surogate (its specification's `loss` section, at its defaults)
-    ratio_type: Literal["token", "sequence"] = Field(
-        default="token", description="surogate: one ratio per token, or one per sequence (geometric mean)")
-    kl_tau: float = Field(default=0.0, ge=0.0, description="surogate: weight of the KL term to the sampling policy")
-    adv_tau: float = Field(default=1.0, ge=0.0, description="surogate: weight of the advantage")
-    teacher_tau: float = Field(default=0.0, ge=0.0, description="surogate: weight of the teacher's reverse KL")
-    token_mask_low: float = Field(default=0.125, ge=0.0, description="surogate: mask a token whose ratio is below")
-    token_mask_high: float = Field(default=8.0, gt=0.0, description="surogate: mask a token whose ratio is above")
-    geo_mask_low: float = Field(default=0.1, ge=0.0, description="surogate: mask a sequence whose geometric-mean "
-                                "ratio is below")
-    geo_mask_high: float = Field(default=10.0, gt=0.0, description="surogate: mask a sequence whose geometric-mean "
-                                 "ratio is above")
-    sequence_mask_low: float = Field(default=0.0, ge=0.0, description="surogate: mask a sequence whose smallest "
-                                     "token ratio is below")
-    sequence_mask_high: float = Field(default=100.0, gt=0.0, description="surogate: mask a sequence whose largest "
-                                      "token ratio is above")
-    sequence_clip_high: float = Field(default=10.0, gt=0.0, description="surogate: clip the sequence ratio "
-                                      "(ratio_type: sequence)")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "LossConfig":
-        given = self.model_fields_set
-        if self.objective is None:
-            self.objective = "surogate" if given & set(SUROGATE_KEYS) else "ppo_tis"
-        # A key of the other objective set to anything but its default would be silently ignored: refuse it.
-        other = PPO_TIS_KEYS if self.objective == "surogate" else SUROGATE_KEYS
-        for key in other:
-            if key in given and getattr(self, key) != type(self).model_fields[key].default:
-                raise ValueError(f"{key} is a setting of objective: {'ppo_tis' if key in PPO_TIS_KEYS else 'surogate'}"
-                                 f", but the objective is {self.objective}")
-        if self.aggregation == "constant" and self.max_tokens is None:
-            raise ValueError("aggregation: constant needs max_tokens (the normaliser, e.g. the generation budget)")
+    def _ordered(self) -> "PPOTISConfig":
         if self.mask_low is not None and self.mask_high is not None and self.mask_low >= self.mask_high:
             raise ValueError(f"mask_low {self.mask_low} must be below mask_high {self.mask_high}")
+        return self
+
+
+class SurogateConfig(KLToReference):
+    """objective: surogate's keys (its specification's `loss` section, at its defaults)."""
+
+    ratio_type: Literal["token", "sequence"] = Field(
+        default="token", description="one ratio per token, or one per sequence (geometric mean)")
+    kl_tau: float = Field(default=0.0, ge=0.0, description="weight of the KL term to the sampling policy")
+    adv_tau: float = Field(default=1.0, ge=0.0, description="weight of the advantage")
+    teacher_tau: float = Field(default=0.0, ge=0.0, description="weight of the teacher's reverse KL")
+    token_mask_low: float = Field(default=0.125, ge=0.0, description="mask a token whose ratio is below")
+    token_mask_high: float = Field(default=8.0, gt=0.0, description="mask a token whose ratio is above")
+    geo_mask_low: float = Field(default=0.1, ge=0.0, description="mask a sequence whose geometric-mean ratio is below")
+    geo_mask_high: float = Field(default=10.0, gt=0.0, description="mask a sequence whose geometric-mean ratio is "
+                                 "above")
+    sequence_mask_low: float = Field(default=0.0, ge=0.0, description="mask a sequence whose smallest token ratio is "
+                                     "below")
+    sequence_mask_high: float = Field(default=100.0, gt=0.0, description="mask a sequence whose largest token ratio "
+                                      "is above")
+    sequence_clip_high: float = Field(default=10.0, gt=0.0, description="clip the sequence ratio (ratio_type: "
+                                      "sequence)")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SurogateConfig":
         for low, high in (("token_mask_low", "token_mask_high"), ("geo_mask_low", "geo_mask_high"),
                           ("sequence_mask_low", "sequence_mask_high")):
             if getattr(self, low) >= getattr(self, high):
                 raise ValueError(f"{low} {getattr(self, low)} must be below {high} {getattr(self, high)}")
         return self
+
+
+# The keys of one objective only; `aggregation`, `max_tokens` and `kl_beta` are both objectives'.
+PPO_TIS_KEYS = tuple(key for key in PPOTISConfig.model_fields if key not in KLToReference.model_fields)
+SUROGATE_KEYS = tuple(key for key in SurogateConfig.model_fields if key not in KLToReference.model_fields)
 
 
 def sequence_scales(token_counts: Sequence[int], config: LossConfig,
@@ -164,23 +161,16 @@ STATS = ("rho_sum", "rho_min", "rho_max", "capped", "clipped", "masked_rollouts"
          "mismatch_kl_sum", "kl_sum", *SUROGATE_STATS, "teacher_kl_sum", "teacher_tokens")
 
 
-@dataclass
-class LossTerms:
-    """One micro-batch's loss and what it measured. `stats` stays on the batch's device (reading it waits
-    for the GPU, so a trainer adds micro-batches' stats up there and reads them once per step); the
-    named properties read one value each: Σ ρ, min ρ, max ρ, tokens whose ρ was truncated, tokens whose
-    PPO term was clipped or dual-clipped (no gradient), masked rollouts and tokens, Σ (log μ − log π_old)
-    (an estimate of KL(μ ‖ π_old) per token), Σ k3 to the reference (0 without one)."""
+class LossTerms(LossOutputs):
+    """The built-in objectives' outputs: `stats` in the order of STATS, and its values by name: Σ ρ, min ρ,
+    max ρ, tokens whose ρ was truncated, tokens whose PPO term was clipped or dual-clipped (no gradient),
+    masked rollouts and tokens, Σ (log μ − log π_old) (an estimate of KL(μ ‖ π_old) per token), Σ k3 to the
+    reference (0 without one)."""
 
-    loss: "torch.Tensor"  # noqa: F821 - scalar, already scaled: sum over micro-batches = the batch loss
-    tokens: int
-    stats: "torch.Tensor"  # noqa: F821 - float64, one value per name of STATS
+    def __init__(self, loss: Any, tokens: int, stats: Any) -> None:
+        super().__init__(loss=loss, tokens=tokens, stats=stats, names=STATS)
 
-    def stat(self, name: str) -> float:
-        """One value of `stats`, by its name in STATS."""
-        return float(self.stats[STATS.index(name)])
-
-    _stat = stat
+    _stat = LossOutputs.stat
     rho_sum = property(lambda self: self._stat("rho_sum"))
     rho_min = property(lambda self: self._stat("rho_min"))
     rho_max = property(lambda self: self._stat("rho_max"))
@@ -195,11 +185,14 @@ class LossTerms:
 
 
 def mask_metrics(sums: dict[str, float], tokens: float, config: LossConfig) -> dict[str, float]:
-    """The surogate objective's masks for a step's history, from its summed stats: the fraction of the
-    loss tokens each token mask hit, the sequences each sequence mask hit (and the sequence clip); none
-    under ppo_tis, whose one mask is `masked_rollouts`."""
-    if config.objective != "surogate":
-        return {}
+    """The surogate objective's masks for a step's history (`surogate_mask_metrics`); none under ppo_tis,
+    whose one mask is `masked_rollouts`."""
+    return surogate_mask_metrics(sums, tokens) if config.objective == "surogate" else {}
+
+
+def surogate_mask_metrics(sums: dict[str, float], tokens: float) -> dict[str, float]:
+    """From a step's summed stats: the fraction of the loss tokens each token mask hit, the sequences each
+    sequence mask hit (and the sequence clip)."""
     tokens = max(tokens, 1.0)
     return {"token_mask_low_fraction": sums["token_masked_low"] / tokens,
             "token_mask_high_fraction": sums["token_masked_high"] / tokens,
@@ -224,23 +217,24 @@ def reference_kl(logprobs: "torch.Tensor", ref_logprobs: "torch.Tensor | None", 
 def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling_logprobs: "torch.Tensor",  # noqa: F821
                 advantages: "torch.Tensor", rollout_index: "torch.Tensor", scales: "torch.Tensor",  # noqa: F821
                 config: LossConfig, ref_logprobs: "torch.Tensor | None" = None,  # noqa: F821
-                rollouts: int | None = None, teacher_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
-    """The objective over a micro-batch's loss tokens, as flat 1-D tensors of one length.
+                rollouts: int | None = None, teacher_logprobs: "torch.Tensor | None" = None) -> LossOutputs:  # noqa: F821
+    """The configured objective over a micro-batch's loss tokens, as flat 1-D tensors of one length
+    (`objectives.LossInputs` says what each is). `rollouts`: how many rollouts the micro-batch has (given,
+    nothing here waits for the device)."""
+    if rollouts is None:
+        rollouts = int(rollout_index.max()) + 1 if int(logprobs.numel()) else 0
+    return config.impl(LossInputs(logprobs, old_logprobs, sampling_logprobs, advantages, rollout_index, scales,
+                                  rollouts, ref_logprobs, teacher_logprobs))
 
-    `rollout_index[t]` numbers the rollout (within this micro-batch) token t belongs to; `advantages`
-    and `scales` are per token too (the rollout's A_i and s_i). Only tokens with m_it = 1 are passed.
-    `rollouts`: how many rollouts the micro-batch has (given, nothing here waits for the device).
-    `teacher_logprobs`: log π_T per token (surogate's teacher_tau; required when it is above 0), NaN where
-    a token has no teacher term (sampled under a grammar).
-    """
+
+def ppo_tis_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noqa: F821
+                 sampling_logprobs: "torch.Tensor", advantages: "torch.Tensor",  # noqa: F821
+                 rollout_index: "torch.Tensor", scales: "torch.Tensor", config: PPOTISConfig,  # noqa: F821
+                 ref_logprobs: "torch.Tensor | None", rollouts: int) -> LossTerms:  # noqa: F821
+    """The ppo_tis objective (the module docstring's first formula) over a micro-batch's loss tokens."""
     import torch
 
     count = int(logprobs.numel())
-    if rollouts is None:
-        rollouts = int(rollout_index.max()) + 1 if count else 0
-    if config.objective == "surogate":
-        return surogate_loss(logprobs, old_logprobs, sampling_logprobs, advantages, rollout_index, scales, config,
-                             ref_logprobs, rollouts, teacher_logprobs)
     old = old_logprobs.detach()
     log_rho = (old - sampling_logprobs.detach()).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
     rho = log_rho.exp()
@@ -288,7 +282,7 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
 
 def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noqa: F821
                   sampling_logprobs: "torch.Tensor", advantages: "torch.Tensor",  # noqa: F821
-                  rollout_index: "torch.Tensor", scales: "torch.Tensor", config: LossConfig,  # noqa: F821
+                  rollout_index: "torch.Tensor", scales: "torch.Tensor", config: SurogateConfig,  # noqa: F821
                   ref_logprobs: "torch.Tensor | None", rollouts: int,  # noqa: F821
                   teacher_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
     """The objective over a micro-batch's loss tokens (the arguments of `grpo_loss.policy_loss`).
@@ -355,6 +349,47 @@ def surogate_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noq
     return LossTerms(loss=loss, tokens=count, stats=stats)
 
 
-__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "Objective", "PPO_TIS_KEYS", "STATS",
-           "SUROGATE_KEYS", "SUROGATE_STATS", "mask_metrics", "policy_loss", "sequence_scales",
-           "surogate_loss"]
+def ratio_metrics(sums: dict[str, float], tokens: float) -> dict[str, float]:
+    """The built-ins' history entries from a step's reduced statistics (`tokens` at least 1)."""
+    return {"importance_ratio_mean": sums["rho_sum"] / tokens, "importance_ratio_min": sums["rho_min"],
+            "importance_ratio_max": sums["rho_max"], "tis_capped_fraction": sums["capped"] / tokens,
+            "clip_fraction": sums["clipped"] / tokens, "masked_fraction": sums["masked_tokens"] / tokens,
+            "masked_rollouts": sums["masked_rollouts"], "mismatch_kl": sums["mismatch_kl_sum"] / tokens,
+            "kl": sums["kl_sum"] / tokens}
+
+
+class PPOTIS(Objective):
+    """PPO clip with truncated importance sampling against the sampling policy (the default)."""
+
+    name: ClassVar[str] = "ppo_tis"
+    Config: ClassVar[type[BaseModel]] = PPOTISConfig
+    statistics: ClassVar[tuple[str, ...]] = STATS
+
+    def __call__(self, inputs: LossInputs) -> LossOutputs:
+        return ppo_tis_loss(inputs.logprobs, inputs.old_logprobs, inputs.sampling_logprobs, inputs.advantages,
+                            inputs.rollout_index, inputs.scales, self.config,  # type: ignore[arg-type]
+                            inputs.ref_logprobs, inputs.rollouts)
+
+    def metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
+        return ratio_metrics(sums, tokens)
+
+
+class Surogate(Objective):
+    """Surogate's GRPO loss: masked importance sampling to the sampling policy, an optional teacher term."""
+
+    name: ClassVar[str] = "surogate"
+    Config: ClassVar[type[BaseModel]] = SurogateConfig
+    statistics: ClassVar[tuple[str, ...]] = STATS
+
+    def __call__(self, inputs: LossInputs) -> LossOutputs:
+        return surogate_loss(inputs.logprobs, inputs.old_logprobs, inputs.sampling_logprobs, inputs.advantages,
+                             inputs.rollout_index, inputs.scales, self.config,  # type: ignore[arg-type]
+                             inputs.ref_logprobs, inputs.rollouts, inputs.teacher_logprobs)
+
+    def metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
+        return ratio_metrics(sums, tokens) | surogate_mask_metrics(sums, tokens)
+
+
+__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "PPOTIS", "PPOTISConfig", "PPO_TIS_KEYS",
+           "STATS", "SUROGATE_KEYS", "SUROGATE_STATS", "Surogate", "SurogateConfig", "mask_metrics", "policy_loss",
+           "ppo_tis_loss", "ratio_metrics", "sequence_scales", "surogate_loss", "surogate_mask_metrics"]

@@ -30,10 +30,17 @@ from ...data.jsonl import write_atomic
 from ...processes import die_with_parent
 from .jobs import ARTEFACT_FILE, log_cause, own_group_dies_with_parent
 from .base import Artefact, JobStatus, TrainConfig, TrainingFailed
+from .grpo_config import GRPOConfig
 
 FAILED_FILE = "failed.json"
 STOP_FILE = "stop"
 POLL_S = 0.05
+
+
+def grpo_args(config: TrainConfig) -> GRPOConfig:
+    """The step's GRPOConfig: the object the plan parsed, or (a request read back from its file, a caller
+    that passed a dict) that object's fields."""
+    return config.args if isinstance(config.args, GRPOConfig) else GRPOConfig.model_validate(config.args)
 
 
 class StepJob:
@@ -103,9 +110,10 @@ class LongLivedTrainer:
         if not config.run_dir:
             raise TrainingFailed("grpo keeps one trainer process per run: TrainConfig.run_dir is required")
         control = Path(config.run_dir) / "trainer"
-        key = (config.base_model, config.seed, {k: config.args.get(k) for k in self.PROCESS_KEYS})
+        args = grpo_args(config)
+        key = (config.base_model, config.seed, args.model_dump(include=set(self.PROCESS_KEYS)))
         if not self.alive() or key != self.key or control != self.control:
-            self._start(control, int(config.args.get("processes", 1)))
+            self._start(control, args.processes)
             self.key = key
         output_dir = Path(config.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -173,7 +181,6 @@ def _same_path(a: str | None, b: str | None) -> bool:
 
 
 def serve(control: Path) -> int:
-    from .grpo_config import GRPOConfig
     from .grpo_trainer import DistInfo, PolicyTrainer
     from .trl_trainers import read_records
 
@@ -191,7 +198,7 @@ def serve(control: Path) -> int:
         output_dir = Path(config.output_dir)
         started = time.perf_counter()
         try:
-            args = GRPOConfig.model_validate(config.args)
+            args = grpo_args(config)
             loaded = 0.0
             if trainer is None or trainer.args != args or not _same_path(trainer.checkpoint, config.init_adapter):
                 # A new process, other settings, or another starting point than the state held here.

@@ -1,5 +1,6 @@
-"""rollgym's policy-gradient trainer (`grpo`): the objective of `grpo_loss.py` on torch + PEFT, one long-lived
-model with its optimizer, LR schedule and RNG state, checkpointed after every step.
+"""rollgym's policy-gradient trainer (`grpo`): the plan's objective (`objectives.py`; the built-ins in
+`grpo_loss.py`) on torch + PEFT, one long-lived model with its optimizer, LR schedule and RNG state,
+checkpointed after every step.
 
     trainer = PolicyTrainer(GRPOConfig.model_validate(args), base_model="bundled")
     trainer.restore(previous_adapter_or_checkpoint)     # or start fresh
@@ -9,8 +10,8 @@ model with its optimizer, LR schedule and RNG state, checkpointed after every st
 The records are `curation.to_groups` groups: every rollout with its exact `sequence` (prompt ids,
 completion ids, completion_mask, sampling logprobs), its `advantage` (used as it is: the batch
 computed it once) and the `sampling` it was generated under. The trainer computes its logprobs under
-that temperature; rollouts sampled with top-p/top-k truncation, or whose logprobs are the raw (T=1)
-ones of a temperature ≠ 1, are refused by name, since their sampling distribution cannot be rebuilt.
+that temperature; rollouts whose sampling distribution it cannot rebuild are refused by name
+(`grpo_batch`, the sampling contract).
 Tokens a grammar forced (`completion_forced`) and environment tokens are not in the loss; tokens sampled
 under a grammar (`completion_constrained`) have no teacher term (grpo_loss).
 
@@ -28,259 +29,29 @@ import random
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...data.advantages import token_advantages
-from ...data.records import model_token_mask
-from ...data.sampling import refuse_unreproducible
-from .grpo_config import GRPOConfig
-from .grpo_loss import STATS, mask_metrics, policy_loss, sequence_scales
-from .packed_attention import segment_boundaries, use_varlen
 from .base import TrainingFailed
+from .distributed import DistInfo
+from .grpo_batch import TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of
+from .grpo_config import GRPOConfig
+from .grpo_loss import policy_loss, sequence_scales
+from .packed_attention import segment_boundaries, use_varlen
+from .token_logprobs import decoder_layers, token_logprobs_module
 
 STATE_FILE = "trainer_state.pt"
-# Sampling settings a model server records where they were not neutral (models/chat_completions).
-NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-@dataclass
-class TrainSequence:
-    """One token sequence as the loss sees it: a rollout, or one segment of a rollout with several
-    (`rollout` numbers the rollout it belongs to, so the aggregation weighs rollouts, not segments)."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    loss_mask: list[int]  # 1: a token the policy sampled (not the environment's, not forced)
-    sampling_logprobs: list[float]
-    advantage: float
-    temperature: float
-    rollout: int | None = None  # None: a rollout of its own
-    # Per completion token, its model turn's advantage (curate.advantage return_to_go); None: `advantage`.
-    token_advantages: list[float] | None = None
-    # Per completion token, a teacher's logprob (on-policy distillation: loss.teacher_tau), NaN where a grammar
-    # restricted the sampling (no teacher term there); None: no teacher.
-    teacher_logprobs: list[float] | None = None
-
-    @property
-    def loss_tokens(self) -> int:
-        return sum(self.loss_mask)
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.completion_ids)
-
-
-def sampling_temperature(member: dict[str, Any], where: str) -> float:
-    """The temperature a rollout's logprobs belong to, refusing distributions the trainer cannot rebuild."""
-    sampling = member.get("sampling") or {}
-    temperature = float(sampling.get("temperature", 1.0))
-    if float(sampling.get("top_p", 1.0)) < 1.0 or int(sampling.get("top_k", 0) or 0) > 0:
-        raise TrainingFailed(f"{where}: sampled with top_p {sampling.get('top_p')} / top_k {sampling.get('top_k')}: "
-                             "the trainer cannot rebuild a truncated distribution; collect with top_p 1 and no top_k")
-    refuse_unreproducible(sampling, where, TrainingFailed)  # min_tokens, min_p, penalties: rollgym.data.sampling
-    reshaped = {key: sampling[key] for key, neutral in NEUTRAL_SAMPLING.items()
-                if sampling.get(key) is not None and float(sampling[key]) != neutral}
-    if reshaped:
-        raise TrainingFailed(f"{where}: sampled with {', '.join(f'{k} {v}' for k, v in reshaped.items())}: the trainer "
-                             "cannot rebuild a distribution that min_p or a penalty reshaped; collect without them")
-    if sampling.get("logprobs") != "processed" and not math.isclose(temperature, 1.0):
-        kind = "raw (T=1)" if sampling.get("logprobs") == "raw" else "unrecorded"
-        raise TrainingFailed(f"{where}: the server's logprobs are {kind} logprobs of tokens sampled at temperature "
-                             f"{temperature}; serve processed logprobs (vLLM: --logprobs-mode processed_logprobs and "
-                             "logprobs_mode: processed in the model server's config) or collect at temperature 1")
-    return temperature
-
-
-def sequences_of(groups: list[dict[str, Any]], temperature: float | None = None) -> list[list[TrainSequence]]:
-    """The groups' rollouts as TrainSequences, group by group: one per segment of each rollout (its
-    `sequences` when it has several, else its `sequence`), each with the rollout's advantage and number."""
-    out = []
-    number = 0
-    for group in groups:
-        members = []
-        for member in group["rollouts"]:
-            where = f"rollout {member.get('rollout_id')}"
-            sampled_at = sampling_temperature(member, where)
-            if temperature is not None and not math.isclose(sampled_at, temperature):
-                raise TrainingFailed(f"{where}: sampled at temperature {sampled_at}, but optimize.args.temperature is "
-                                     f"{temperature}; the ratio must compare one distribution")
-            for sequence in member.get("sequences") or [member["sequence"]]:
-                members.append(TrainSequence(list(sequence["prompt_ids"]), list(sequence["completion_ids"]),
-                                             model_token_mask(sequence),
-                                             [float(x) for x in sequence["completion_logprobs"]],
-                                             float(member["advantage"]), sampled_at, number,
-                                             turn_token_advantages(sequence, where),
-                                             teacher_of(sequence, where)))
-            number += 1
-        out.append(members)
+def combined(steps: list[dict[str, float]]) -> dict[str, float]:
+    """Several optimizer steps' metrics as one: each one's mean, except `skipped_steps` (summed) and the
+    `_min` and `_max` ones (the least and the most)."""
+    out = {}
+    for key in steps[0]:
+        values = [step[key] for step in steps]
+        out[key] = (min(values) if key.endswith("_min") else max(values) if key.endswith("_max")
+                    else sum(values) if key == "skipped_steps" else sum(values) / len(values))
     return out
-
-
-def turn_token_advantages(sequence: dict[str, Any], where: str) -> list[float] | None:
-    """A sequence's per-token advantages from its `turn_advantages` (one per model turn), if it has them."""
-    if sequence.get("turn_advantages") is None:
-        return None
-    try:
-        return token_advantages(sequence["completion_mask"], sequence["turn_advantages"])
-    except ValueError as exc:
-        raise TrainingFailed(f"{where}: {exc}") from None
-
-
-def teacher_of(sequence: dict[str, Any], where: str) -> list[float] | None:
-    """A sequence's `teacher_logprobs` (one per completion token), checked against its length, NaN at the
-    tokens a grammar restricted (`completion_constrained`): the student sampled those from its distribution
-    renormalised over what the grammar admitted, so its and the teacher's full-vocabulary logprobs there
-    measure no KL."""
-    values = sequence.get("teacher_logprobs")
-    if values is None:
-        return None
-    if len(values) != len(sequence["completion_ids"]):
-        raise TrainingFailed(f"{where}: {len(values)} teacher_logprobs for {len(sequence['completion_ids'])} "
-                             "completion tokens")
-    constrained = sequence.get("completion_constrained") or [0] * len(values)
-    return [math.nan if c else float(x) for x, c in zip(values, constrained)]
-
-
-def rollout_keys(batch: list[TrainSequence]) -> list[Any]:
-    """Per sequence, the rollout it belongs to (a sequence without a number is a rollout of its own)."""
-    return [seq.rollout if seq.rollout is not None else ("own", i) for i, seq in enumerate(batch)]
-
-
-def mini_batch_parts(batch: list[TrainSequence], count: int) -> list[list[int]]:
-    """`count` parts of the batch's indices, rollout by rollout in turn: a rollout's segments stay in one
-    part, so its n_i counts them all."""
-    order: dict[Any, int] = {}
-    parts: list[list[int]] = [[] for _ in range(count)]
-    for i, key in enumerate(rollout_keys(batch)):
-        parts[order.setdefault(key, len(order)) % count].append(i)
-    return parts
-
-
-class DistInfo:
-    """This process's place in the data-parallel group (one process: rank 0 of 1)."""
-
-    def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-
-    @property
-    def device(self) -> Any:
-        """This process's device: its own GPU (the one NCCL reduces on), else the CPU (gloo)."""
-        import torch
-
-        return torch.device(f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu")
-
-    @property
-    def distributed(self) -> bool:
-        return self.world > 1
-
-    def init(self) -> None:
-        import torch
-        import torch.distributed as dist
-
-        if torch.cuda.is_available():
-            # Bind this process's GPU first: otherwise every rank's NCCL calls (broadcast_object_list
-            # included) land on cuda:0.
-            torch.cuda.set_device(self.local_rank)
-        if self.distributed and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
-    def all_sum(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "sum")
-
-    def all_min(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "min")
-
-    def all_max(self, values: list[float]) -> list[float]:
-        return self._reduce(values, "max")
-
-    def _reduce(self, values: list[float], how: str) -> list[float]:
-        if not self.distributed:
-            return values
-        import torch
-        import torch.distributed as dist
-
-        op = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[how]
-        # On the process group's device: NCCL refuses CPU tensors.
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=op)
-        return tensor.tolist()
-
-
-# Loss tokens per chunk of the softmax over the vocabulary (a 152k vocabulary: 1.2 GiB of fp32 per chunk).
-LOGIT_CHUNK = 2048
-
-
-def _chosen_logprobs(logits: Any, targets: Any, temperatures: Any) -> Any:
-    """log softmax(logits / T) at the targets, in fp32."""
-    scaled = logits.float() / temperatures[:, None]
-    return scaled.gather(-1, targets[:, None]).squeeze(-1) - scaled.logsumexp(-1)
-
-
-def _token_logprobs_module() -> Any:
-    import torch
-
-    class TokenLogprobs(torch.nn.Module):
-        """Logprobs of chosen tokens at chosen positions in one forward pass: the module DDP wraps.
-
-        The logits come from the model's own `forward`, so what it does after its output layer
-        (Gemma 2's final soft-capping, Granite's `logits_scaling`, Cohere's `logit_scale`) is kept; a
-        hook on the output layer hands it only the positions that enter the loss, so the logits are
-        (loss tokens × vocabulary), not (all tokens × vocabulary)."""
-
-        def __init__(self, lm: Any, precision: str) -> None:
-            super().__init__()
-            self.lm = lm
-            self.precision = precision
-
-        def causal(self) -> Any:
-            return self.lm.get_base_model() if hasattr(self.lm, "get_base_model") else self.lm
-
-        def forward(self, input_ids: Any, attention_mask: Any, positions: Any, targets: Any,
-                    temperatures: Any, position_ids: Any = None, segments: tuple[Any, int] | None = None) -> Any:
-            causal = self.causal()
-            # Packed rows on the varlen attention: each rollout's boundaries, under transformers' names.
-            bounds = {} if segments is None else {"cu_seq_lens_q": segments[0], "cu_seq_lens_k": segments[0],
-                                                  "max_length_q": segments[1], "max_length_k": segments[1]}
-
-            def picked(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
-                hidden = args[0]
-                return (hidden.reshape(-1, hidden.shape[-1])[positions].unsqueeze(0), *args[1:])
-
-            handle = causal.get_output_embeddings().register_forward_pre_hook(picked)
-            device_type = "cuda" if input_ids.is_cuda else "cpu"
-            try:
-                with torch.autocast(device_type=device_type, dtype=torch.bfloat16, enabled=self.precision == "bf16"):
-                    logits = causal(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    use_cache=False, **bounds).logits
-            finally:
-                handle.remove()
-            logits = logits.reshape(-1, logits.shape[-1])
-            # The fp32 softmax a chunk of loss tokens at a time, recomputed in the backward pass: whole, its
-            # (loss tokens × vocabulary) fp32 copies were most of a large model's activations.
-            from torch.utils.checkpoint import checkpoint
-
-            return torch.cat([checkpoint(_chosen_logprobs, logits[start:start + LOGIT_CHUNK],
-                                         targets[start:start + LOGIT_CHUNK], temperatures[start:start + LOGIT_CHUNK],
-                                         use_reentrant=False)
-                              for start in range(0, max(len(targets), 1), LOGIT_CHUNK)])
-
-    return TokenLogprobs
-
-
-def decoder_layers(model: Any) -> list[Any]:
-    """The model's repeated blocks (what FSDP shards one by one), found by the classes the model itself
-    declares unsplittable (`_no_split_modules`), so that GPT-2's `transformer.h` serves as Llama's
-    `model.layers` does."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [module for module in model.modules() if type(module).__name__ in names]
-    if not layers:
-        raise TrainingFailed(f"{type(model).__name__} declares no decoder layer class (_no_split_modules): "
-                             "full weights cannot be sharded over processes; use finetune: lora or processes: 1")
-    return layers
 
 
 class PolicyTrainer:
@@ -350,7 +121,7 @@ class PolicyTrainer:
         # Packed rows in bf16 on a GPU: flash attention's varlen kernel, rollout by rollout (packed_attention).
         self.varlen = (self.args.seq_len is not None and self.device.type == "cuda" and self.args.precision == "bf16"
                        and use_varlen(model))
-        module = _token_logprobs_module()(model, self.args.precision)
+        module = token_logprobs_module()(model, self.args.precision)
         if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
             for layer in decoder_layers(module.causal()):
                 layer.compile(dynamic=True)
@@ -517,12 +288,7 @@ class PolicyTrainer:
             rollouts = [seq for group in by_group for seq in group]
             old = dict(zip(map(id, rollouts), self._logprobs_no_grad(rollouts)))
         history = [self.train_batch(batch, old) for batch in batches]
-        metrics = {key: sum(m[key] for m in history) / len(history) for key in history[0]}
-        metrics.update(steps=float(len(history)), optimizer_step=float(self.step),
-                       skipped_steps=sum(m["skipped_steps"] for m in history),
-                       importance_ratio_min=min(m["importance_ratio_min"] for m in history),
-                       importance_ratio_max=max(m["importance_ratio_max"] for m in history))
-        return metrics
+        return combined(history) | {"steps": float(len(history)), "optimizer_step": float(self.step)}
 
     def train_batch(self, batch: list[TrainSequence], old_logprobs: dict[int, Any] | None = None) -> dict[str, float]:
         """`mini_batches` optimizer steps on one batch (default one). The PPO ratio's π_old: the given
@@ -547,10 +313,7 @@ class PolicyTrainer:
             results.append(self._optimizer_step([batch[i] for i in part],
                                                 [old[i] for i in part] if old is not None else None,
                                                 [ref[i] for i in part] if ref is not None else None))
-        return {key: sum(r[key] for r in results) / len(results) for key in results[0]} | {
-            "skipped_steps": sum(r["skipped_steps"] for r in results),
-            "importance_ratio_min": min(r["importance_ratio_min"] for r in results),
-            "importance_ratio_max": max(r["importance_ratio_max"] for r in results)}
+        return combined(results)
 
     def _micro_batches(self, indices: list[int], batch: list[TrainSequence]) -> list[list[int]]:
         out: list[list[int]] = []
@@ -683,10 +446,13 @@ class PolicyTrainer:
         filler = next(i for i in range(len(batch)) if batch[i].loss_tokens)
         passes = [(indices, False) for indices in micro] + [([filler], True)] * (rounds - len(micro))
         # Measured on the device and read once after the loop: reading a value inside it would wait for
-        # the GPU at every micro-batch. STATS's sums, then the loss and Σ |log π_old − log μ|.
-        sums = torch.zeros(len(STATS) + 2, dtype=torch.float64, device=self.device)
-        lowest = torch.full((), math.inf, dtype=torch.float64, device=self.device)
-        highest = torch.full((), -math.inf, dtype=torch.float64, device=self.device)
+        # the GPU at every micro-batch. The objective's statistics summed, then the loss and Σ |log π_old −
+        # log μ|; its `_min` and `_max` ones also reduced by min and max.
+        objective = args.loss.impl
+        names = objective.statistics
+        sums = torch.zeros(len(names) + 2, dtype=torch.float64, device=self.device)
+        extremes = {name: torch.full((), math.inf if name.endswith("_min") else -math.inf, dtype=torch.float64,
+                                     device=self.device) for name in names if name.endswith(("_min", "_max"))}
         tokens = rollouts = 0
         for number, (indices, dummy) in enumerate(passes):
             sequences = [batch[i] for i in indices]
@@ -716,23 +482,20 @@ class PolicyTrainer:
             with torch.no_grad():
                 gap = (old_lp - tensors["sampled"]).abs().sum().double()
                 sums += torch.cat([terms.stats, terms.loss.detach().double()[None], gap[None]])
-                lowest = torch.minimum(lowest, terms.stats[STATS.index("rho_min")])
-                highest = torch.maximum(highest, terms.stats[STATS.index("rho_max")])
+                for name, extreme in extremes.items():
+                    pick = torch.minimum if name.endswith("_min") else torch.maximum
+                    extremes[name] = pick(extreme, terms.stats[names.index(name)])
             tokens += terms.tokens
             rollouts += len(indices)
-        summed = [name for name in STATS if name not in ("rho_min", "rho_max")]
+        summed = [name for name in names if name not in extremes]
         values = sums.tolist()
-        measured = dict(zip(STATS, values))
+        measured = dict(zip(names, values))
         *totals, loss, gap_sum, tokens, rollouts = dist.all_sum(
             [measured[name] for name in summed] + values[-2:] + [float(tokens), float(rollouts)])
         named = dict(zip(summed, totals))
-        taught = ({"teacher_kl": named["teacher_kl_sum"] / max(named["teacher_tokens"], 1.0),
-                   "teacher_tokens": named["teacher_tokens"]} if batch[0].teacher_logprobs else {})
-        rho_sum, capped, clipped, masked_rollouts, masked_tokens, mismatch_kl, kl = (named[name] for name in (
-            "rho_sum", "capped", "clipped", "masked_rollouts", "masked_tokens", "mismatch_kl_sum", "kl_sum"))
+        for name, extreme in extremes.items():
+            named[name] = (dist.all_min if name.endswith("_min") else dist.all_max)([float(extreme)])[0]
         gap_tokens = tokens
-        rho_min = dist.all_min([float(lowest)])[0]
-        rho_max = dist.all_max([float(highest)])[0]
         if args.max_logprob_gap is not None and gap_tokens and gap_sum / gap_tokens > args.max_logprob_gap:
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingFailed(
@@ -752,13 +515,13 @@ class PolicyTrainer:
             self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
         tokens = max(tokens, 1.0)
-        return {"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "rollouts": rollouts,
-                "importance_ratio_mean": rho_sum / tokens, "importance_ratio_min": rho_min,
-                "importance_ratio_max": rho_max, "tis_capped_fraction": capped / tokens,
-                "clip_fraction": clipped / tokens, "masked_fraction": masked_tokens / tokens,
-                "masked_rollouts": masked_rollouts, "mismatch_kl": mismatch_kl / tokens, "kl": kl / tokens,
-                "logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)} | mask_metrics(named, tokens,
-                                                                                                     args.loss) | taught
+        # The teacher's measure, where the objective counts it: Σ (log π_θ − log π_T) over the tokens it taught.
+        taught = ({"teacher_kl": named["teacher_kl_sum"] / max(named["teacher_tokens"], 1.0),
+                   "teacher_tokens": named["teacher_tokens"]}
+                  if batch[0].teacher_logprobs and {"teacher_kl_sum", "teacher_tokens"} <= set(named) else {})
+        return ({"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "rollouts": rollouts}
+                | objective.metrics(named, tokens)
+                | {"logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)} | taught)
 
 
 def checkpoint_of(path: str | None) -> str | None:
@@ -772,5 +535,5 @@ def checkpoint_of(path: str | None) -> str | None:
     return None
 
 
-__all__ = ["PolicyTrainer", "STATE_FILE", "TrainSequence", "checkpoint_of", "sampling_temperature",
-           "mini_batch_parts", "rollout_keys", "sequences_of"]
+__all__ = ["DistInfo", "PolicyTrainer", "STATE_FILE", "TrainSequence", "checkpoint_of", "combined", "decoder_layers",
+           "mini_batch_parts", "rollout_keys", "sampling_temperature", "sequences_of"]

@@ -1,0 +1,63 @@
+"""This process's place in the trainer's data-parallel group (torchrun's WORLD_SIZE, RANK, LOCAL_RANK):
+its device, joining the process group, and the reductions of a step's measurements over processes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+class DistInfo:
+    """This process's place in the data-parallel group (one process: rank 0 of 1)."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def device(self) -> Any:
+        """This process's device: its own GPU (the one NCCL reduces on), else the CPU (gloo)."""
+        import torch
+
+        return torch.device(f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def init(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if torch.cuda.is_available():
+            # Bind this process's GPU first: otherwise every rank's NCCL calls (broadcast_object_list
+            # included) land on cuda:0.
+            torch.cuda.set_device(self.local_rank)
+        if self.distributed and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "sum")
+
+    def all_min(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "min")
+
+    def all_max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, "max")
+
+    def _reduce(self, values: list[float], how: str) -> list[float]:
+        if not self.distributed:
+            return values
+        import torch
+        import torch.distributed as dist
+
+        op = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[how]
+        # On the process group's device: NCCL refuses CPU tensors.
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
+
+
+__all__ = ["DistInfo"]
