@@ -55,3 +55,19 @@ def test_an_orchestrator_config_refuses_what_its_batches_cannot_carry(tmp_path: 
     path.write_text(yaml.safe_dump({**config, **setting}))
     with pytest.raises(ValueError, match=f"{path}: key '{key}': {message}"):
         load_orchestrator_config(path)
+
+
+def test_one_difficulty_section_each_mode_refusing_the_others_keys(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`difficulty` is one section (rollgym.data.rollout_filters.DifficultyConfig) in both modes; a key only
+    the other mode applies is refused by name, a dumped section (every key at its default) is not."""
+    from rollgym.data.rollout_filters import DifficultyConfig
+    from rollgym.train.loop.dynamic_sampling import difficulty_problem
+
+    plan = async_plan(tmp_path, difficulty={"enabled": True, "max_refill_rounds": 3})
+    assert main(["train", str(plan), "--check"]) == 2
+    assert "key 'orchestrator.difficulty': max_refill_rounds: a key of mode: epochs" in capsys.readouterr().err
+    assert main(["train", str(async_plan(tmp_path, difficulty=DifficultyConfig(enabled=True).model_dump())),
+                 "--check"]) == 0
+    problem = difficulty_problem(DifficultyConfig(enabled=True, easy_fraction=0.5), "groups", "grpo")
+    assert problem is not None and "easy_fraction apply in mode: async (orchestrator.difficulty)" in problem

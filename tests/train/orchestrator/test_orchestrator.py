@@ -307,3 +307,25 @@ def test_adapters_go_only_to_the_model_server_the_agents_sample_from(stack, tmp_
     assert judge_models == ["judge"]
     policy_models = [card["id"] for card in httpx.get(f"{stack['policy_model'].url}/v1/models").json()["data"]]
     assert "policy" in policy_models
+
+
+@pytest.mark.parametrize("enforce", [True, False])
+def test_rollout_filters_flag_and_enforce_and_the_step_metrics_count_them(stack, tmp_path, enforce):
+    """Surogate's filters[] in mode: async, from their one home (rollgym.data.rollout_filters): every sampled token
+    above probability 1e-9 flags each rollout; enforced, the trainer's curation leaves it out (its group's
+    advantages counted it), counted only, it trains."""
+    from rollgym.train.loop.curation import CurateConfig, curate
+
+    flags_all = {"type": "repetition", "window": 1, "prob_threshold": 1e-9, "enforce": enforce}
+    flags_none = {"type": "gibberish", "vocab_size": 2, "token_id_threshold": 10**9, "enforce": True}
+    cfg = config(tmp_path, max_steps=1, filters=[flags_all, flags_none])
+    batches = asyncio.run(train(Orchestrator(cfg, stack, tmp_path / "out", log=lambda _: None)))
+    rollouts = batches[0].rollouts
+    assert all(r["flagged"] == ["repetition"] for r in rollouts)
+    assert all(r.get("filtered") == ("repetition" if enforce else None) for r in rollouts)
+    line = history(tmp_path)[0]
+    assert line["flagged"] == {"repetition": 8} and line["filtered_rollouts"] == (8 if enforce else 0)
+    curated = curate(rollouts, "groups", CurateConfig(keep_flat_groups=True), group_size=2, keep_advantages=True)
+    assert curated.flagged == {"repetition": 8}
+    assert curated.dropped.get("repetition", 0) == (8 if enforce else 0)
+    assert sum(len(record["rollouts"]) for record in curated.records) == (0 if enforce else 8)

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ...data.curriculum import CurriculumConfig, select_groups
 from ...data.advantages import AdvantageConfig, rollout_advantages, with_turn_advantages
 from ...data.records import model_token_mask, model_versions, output_items
-from ...data.rollout_filters import RolloutFilter, flagged_by
+from ...data.rollout_filters import RolloutFilter, judge
 from ...sampling_contract import temperature_of, top_p_of
 from ...data.export import (
     TOLERANCE, RolloutError, dpo_candidate, dpo_pairs, grpo_keeps, grpo_member, grpo_record, natural_key,
@@ -220,9 +220,10 @@ def curate(rollouts: list[dict[str, Any]], kind: DataKind, config: CurateConfig,
         first = len(rollout["sequences"]) - len(chosen)  # the segment index of chosen[0]
         segments = ([with_segment(s, first + i) for i, s in enumerate(chosen)] if len(rollout["sequences"]) > 1
                     else chosen)
-        hits = flagged_by(config.filters, segments) if config.filters else []
-        flagged.update({each.type for each in hits})
-        enforced = next((each.type for each in hits if each.enforce), None)
+        types, enforced = judge(config.filters, segments)
+        if not config.filters:  # mode: async: the orchestrator applied its own (rollgym.data.rollout_filters)
+            types, enforced = rollout.get("flagged") or [], rollout.get("filtered")
+        flagged.update(types)
         if enforced is not None and kind != "groups":
             dropped[enforced] += 1
             continue

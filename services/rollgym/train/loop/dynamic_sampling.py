@@ -5,7 +5,7 @@ curation drops it (`zero_reward_spread`, or `low_reward_spread` under `curate.mi
 the planned ones (`collect.limit`, else every task of the file) are left, collects fresh ones from the task
 file's next rows: `ceil(missing * oversampling_factor)` tasks a round, at most `max_refill_rounds` rounds.
 The rounds run in `collect.Collections.refill`; this module holds the check of the section (the one
-`DifficultyConfig` of both modes, orchestrator/config.py) and the counting. A refill round's rollouts go to
+`DifficultyConfig` of both modes, rollgym.data.rollout_filters) and the counting. A refill round's rollouts go to
 `refill-N.jsonl` beside `rollouts.jsonl` (its tasks to
 `refill-N.tasks.jsonl`, each row with the group_id of its line in the task file), and curation reads
 them all. The bound, or a task file with no rows left, stops the refills: counted in history
@@ -20,8 +20,8 @@ from pathlib import Path
 import orjson
 
 from ...data.jsonl import read_whole_lines
+from ...data.rollout_filters import DifficultyConfig
 from ...rollouts.collector import Task
-from ..orchestrator.config import DifficultyConfig
 from .curation import CurateConfig, CurationError, curate
 
 SPREAD_DROPS = ("zero_reward_spread", "low_reward_spread")

@@ -41,11 +41,12 @@ from typing import Any, Literal, Mapping
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from ...config import StrictModel, import_target, key_problems, read_mapping, set_dotted
+from ...data.rollout_filters import DifficultyConfig
 from ...data.sampling import temperature_schedule
 from ...sampling_contract import params_problems, temperature_of
 from .curation import CurateConfig, SegmentMode, unverified_problem
 from .dynamic_sampling import difficulty_problem
-from ..orchestrator.config import DifficultyConfig, OrchestratorConfig, task_file_problem
+from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .teacher import TeacherConfig, teacher_file_problems, teacher_plan_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem

@@ -20,7 +20,7 @@ from typing import Callable
 from .config import OrchestratorConfig
 from .errors import OrchestratorError
 from .groups import Group, VersionChanged, annotate, drop_reason
-from .metrics import Occupancy, step_metrics
+from .metrics import Occupancy, filter_metrics, step_metrics
 from .sources import POOLS, EnvMixer, TaskSource
 from .transports.folders import Batch
 
@@ -106,6 +106,8 @@ class BatchForming:
                                inference_wait=inference_wait, previous_ready=previous_ready, ready=ready,
                                trainer_done=self.done_at.get(step - 1), slots_busy=self._busy.take())
         metrics["groups_short"] = config.groups_per_step - len(groups)
+        if config.filters:
+            metrics.update(filter_metrics(rollouts))
         pending = {name: [group.task for group in self._unused.values() if group.env == name] for name in self.sources}
         state = {"sources": {name: source.state(pending[name]) for name, source in self.sources.items()},
                  "dispatched": self._dispatched}

@@ -8,12 +8,13 @@ an `advantage` and a `difficulty` section.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ...config import StrictModel, key_problems, read_mapping
 from ...data.advantages import AdvantageConfig
+from ...data.rollout_filters import DifficultyConfig, RolloutFilter
 from ...data.sampling import temperature_schedule
 
 
@@ -33,38 +34,6 @@ class EnvConfig(StrictModel):
         return self
 
 
-class DifficultyConfig(StrictModel):
-    """Difficulty filtering, one section for both modes: groups that teach nothing are replaced by fresh ones.
-    mode: async (`orchestrator.difficulty`) drops a finished group as easy or hard by its rewards and may send
-    its task again; mode: epochs (`stages[i].collect.difficulty`, loop/dynamic_sampling.py) refills the groups
-    curation drops for no reward spread. Each mode refuses the keys only the other applies."""
-
-    enabled: bool = Field(default=False, description="replace groups that teach nothing")
-    # mode: async
-    reward_min: float = Field(default=0.0, description="a group whose rewards are all <= this is 'hard'")
-    reward_max: float = Field(default=1.0, description="a group whose rewards are all >= this is 'easy'")
-    easy_threshold: float | None = Field(default=None, description="a group whose mean reward is >= this is 'easy'")
-    hard_threshold: float | None = Field(default=None, description="a group whose mean reward is <= this is 'hard'")
-    easy_fraction: float = Field(default=0.0, ge=0, le=1, description="chance an easy-pool task is sent again "
-                                                                      "at each pass over the tasks")
-    hard_fraction: float = Field(default=0.0, ge=0, le=1, description="chance a hard-pool task is sent again "
-                                                                      "at each pass over the tasks")
-    # mode: epochs (the async orchestrator's own oversampling_factor is a key of its section)
-    oversampling_factor: float = Field(default=1.0, ge=1.0, description="epochs: tasks collected per group still "
-                                       "missing")
-    max_refill_rounds: int = Field(default=2, ge=0, description="epochs: extra collections per epoch at most")
-
-    ASYNC_KEYS: ClassVar[tuple[str, ...]] = ("reward_min", "reward_max", "easy_threshold", "hard_threshold",
-                                             "easy_fraction", "hard_fraction")
-    EPOCHS_KEYS: ClassVar[tuple[str, ...]] = ("oversampling_factor", "max_refill_rounds")
-
-    def other_mode_keys(self, mode: str) -> list[str]:
-        """The keys set away from their default here that only the other mode applies (`mode`: "async" or
-        "epochs"); a dumped section lists every key at its default."""
-        other = self.EPOCHS_KEYS if mode == "async" else self.ASYNC_KEYS
-        return [key for key in other if getattr(self, key) != type(self).model_fields[key].default]
-
-
 class OrchestratorConfig(StrictModel):
     batch_size: int = Field(default=128, ge=1, description="rollouts per training step")
     rollouts_per_example: int = Field(default=8, ge=1, description="rollouts per task: one group")
@@ -78,6 +47,10 @@ class OrchestratorConfig(StrictModel):
     shuffle: bool = True
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
+    filters: list[RolloutFilter] = Field(
+        default_factory=list, description="degenerate-generation filters, Surogate's filters[] (rollgym.data."
+        "rollout_filters): every flag counted in the step's metrics; an enforced one keeps the rollout out of "
+        "training (its group's advantages still count it)")
     concurrency: int = Field(default=32, ge=1, description="rollouts in flight at most")
     max_attempts: int = Field(default=3, ge=1, description="tries per rollout for infrastructure failures")
     timeout_s: float = Field(default=3600.0, gt=0, description="one rollout attempt")
@@ -165,4 +138,4 @@ def load_orchestrator_config(path: str | Path) -> OrchestratorConfig:
     return config
 
 
-__all__ = ["DifficultyConfig", "EnvConfig", "OrchestratorConfig", "load_orchestrator_config", "task_file_problem"]
+__all__ = ["EnvConfig", "OrchestratorConfig", "load_orchestrator_config", "task_file_problem"]

@@ -23,7 +23,7 @@ from ...data.sampling import params_at
 from ...rollouts.attempts import FailedAttempt, RetryPolicy, agent_for, build_payload, run_rollout
 from .config import EnvConfig, OrchestratorConfig
 from .errors import OrchestratorError
-from .groups import Group, VersionChanged, difficulty_verdict
+from .groups import Group, VersionChanged, group_verdict
 from .metrics import SlotClient
 from .policy_versions import PolicyVersions
 from .sources import EnvMixer, SourceExhausted, TaskSource
@@ -114,7 +114,7 @@ class Dispatching:
                 group.sampled.append(self.versions.sampled_step(rollout, group.dispatch_version))
             elif failure is not None:
                 group.failures.append(failure.to_json())
-        group.verdict = difficulty_verdict(group, self.config.difficulty)
+        group.verdict = group_verdict(group, self.config.difficulty)
         self._events.put_nowait(group)
 
     async def _rollout(self, agent: str, payload: dict[str, Any], group: Group

@@ -1,9 +1,10 @@
 """A group (one task's `rollouts_per_example` rollouts) and what is decided about it once it is back.
 
 A group that failed (a rollout still failing after its retries) or is stale (its oldest sampling version
-lags the batch by more than `max_off_policy_steps`) is dropped; the difficulty filter drops a group whose
-rewards are all at `reward_max` (or whose mean reaches `easy_threshold`) as easy, and all at `reward_min`
-(or whose mean falls to `hard_threshold`) as hard. A kept group's rollouts get their advantages (the
+lags the batch by more than `max_off_policy_steps`) is dropped; the difficulty filter (rollgym.data.
+rollout_filters, the one home of filters) drops a group whose rewards are all at `reward_max` (or whose mean
+reaches `easy_threshold`) as easy, and all at `reward_min` (or whose mean falls to `hard_threshold`) as hard,
+and the degenerate-generation filters flag rollouts. A kept group's rollouts get their advantages (the
 one computation in `data.advantages`) and the step bookkeeping the trainer and the metrics read.
 """
 
@@ -14,7 +15,8 @@ from typing import Any, Literal
 
 from ...data.advantages import group_advantages
 from ...data.records import completion_length
-from .config import DifficultyConfig, OrchestratorConfig
+from ...data.rollout_filters import DifficultyConfig, difficulty_verdict, judge
+from .config import OrchestratorConfig
 from .sources import SourceTask
 
 DropReason = Literal["failed", "stale", "easy", "hard"]
@@ -45,19 +47,9 @@ class VersionChanged:
     version: int
 
 
-def difficulty_verdict(group: Group, difficulty: DifficultyConfig) -> DropReason | None:
+def group_verdict(group: Group, difficulty: DifficultyConfig) -> DropReason | None:
     """'easy' or 'hard' for a group the difficulty filter drops (decided once, when it comes back)."""
-    if not difficulty.enabled or group.failures:
-        return None
-    rewards = group.rewards()
-    mean = sum(rewards) / len(rewards)
-    if min(rewards) >= difficulty.reward_max or (
-            difficulty.easy_threshold is not None and mean >= difficulty.easy_threshold):
-        return "easy"
-    if max(rewards) <= difficulty.reward_min or (
-            difficulty.hard_threshold is not None and mean <= difficulty.hard_threshold):
-        return "hard"
-    return None
+    return None if group.failures else difficulty_verdict(group.rewards(), difficulty)
 
 
 def drop_reason(group: Group, step: int, config: OrchestratorConfig) -> DropReason | None:
@@ -70,7 +62,9 @@ def drop_reason(group: Group, step: int, config: OrchestratorConfig) -> DropReas
 
 
 def annotate(step: int, groups: list[Group], config: OrchestratorConfig) -> list[dict[str, Any]]:
-    """The batch's rollouts, each with its group's advantage and where it stands against the step."""
+    """The batch's rollouts, each with its group's advantage and where it stands against the step, and the
+    degenerate-generation filters' verdicts: `flagged` (every filter type that flags it) and `filtered` (an
+    enforced one: the trainer leaves it out; its group's advantages counted it, as Surogate masks it)."""
     rollouts = []
     for group in groups:
         lengths = [completion_length(r) for r in group.rollouts]
@@ -78,8 +72,21 @@ def annotate(step: int, groups: list[Group], config: OrchestratorConfig) -> list
         for rollout, advantage, sampled in zip(group.rollouts, advantages, group.sampled):
             rollout.update(advantage=advantage, step=step, env=group.env, generated_for_step=group.tag,
                            sampled_step=sampled, policy_lag=step - 1 - sampled)
+            if config.filters:
+                flagged, enforced = judge(config.filters, token_sequences(rollout))
+                if flagged:
+                    rollout["flagged"] = flagged
+                if enforced:
+                    rollout["filtered"] = enforced
             rollouts.append(rollout)
     return rollouts
 
 
-__all__ = ["DropReason", "Group", "VersionChanged", "annotate", "difficulty_verdict", "drop_reason"]
+def token_sequences(rollout: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rollout's token sequences (its segments) that carry a sampling logprob per completion token."""
+    return [sequence for sequence in rollout.get("sequences") or []
+            if isinstance(sequence.get("completion_logprobs"), list)
+            and len(sequence["completion_logprobs"]) == len(sequence.get("completion_ids") or [])]
+
+
+__all__ = ["DropReason", "Group", "VersionChanged", "annotate", "drop_reason", "group_verdict", "token_sequences"]

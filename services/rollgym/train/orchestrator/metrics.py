@@ -87,4 +87,12 @@ def step_metrics(step: int, rollouts: list[dict[str, Any]], envs: list[str], *, 
     }
 
 
-__all__ = ["DROP_REASONS", "Occupancy", "SlotClient", "step_metrics"]
+def filter_metrics(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the degenerate-generation filters did to a batch: rollouts each filter type flagged (enforced or
+    not), and those an enforced one keeps out of training (still in their groups' advantages)."""
+    flagged = Counter(kind for rollout in rollouts for kind in rollout.get("flagged") or [])
+    return {"flagged": dict(sorted(flagged.items())),
+            "filtered_rollouts": sum(1 for rollout in rollouts if rollout.get("filtered"))}
+
+
+__all__ = ["DROP_REASONS", "Occupancy", "SlotClient", "filter_metrics", "step_metrics"]
