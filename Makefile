@@ -40,7 +40,7 @@ demo: install
 		--output $(DEMO_DIR)/weather.jsonl
 
 # The training loop on CPU with the embedded SmolLM2-135M: rejection-sampling SFT, then GRPO, on the weather
-# task, validated on held-out tasks (scripts/train/weather.yaml, docs/trainers.md). Rerunning with the same
+# task, validated on held-out tasks (scripts/train/weather.yaml, docs/train-loop.md). Rerunning with the same
 # TRAIN_DIR resumes.
 TRAIN_DIR ?= runs/train-weather-$(shell date +%Y%m%d-%H%M%S)
 

@@ -1,4 +1,4 @@
-"""How far a served model's logprobs are from the trainer's: the importance-ratio check of docs/trainers.md.
+"""How far a served model's logprobs are from the trainer's: the importance-ratio check of docs/train-loop.md.
 
     python scripts/train/logprob_gap.py ROLLOUTS.jsonl [--limit 6] [--gguf FILE ...]
 

@@ -12,7 +12,7 @@ from .common import UsageError, env_registry
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "orchestrate", help="stream training batches of a running stack into step folders for an external trainer",
-        description="Runs the async RL orchestrator (docs/trainers.md, section 5b) against a running stack and "
+        description="Runs the async RL orchestrator (docs/train-async.md) against a running stack and "
                     "publishes each step's batch as OUTPUT/steps/step_N/ (batch.jsonl, meta.json, READY written "
                     "last). The trainer writes the path of the adapter it trained to step_N/ADAPTER (or, with "
                     "--listen, POSTs it to /steps/N/done); it is hot-loaded on every model server before later steps generate. Run it again on the same "

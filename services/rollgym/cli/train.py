@@ -11,7 +11,7 @@ from typing import Any
 def register(commands: Any) -> None:
     parser = commands.add_parser(
         "train", help="run a training plan: epochs of collect, curate, optimize, apply, validate (resumable)")
-    parser.add_argument("plan", help="the plan YAML (docs/trainers.md)")
+    parser.add_argument("plan", help="the plan YAML (docs/train-loop.md)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="plan keys to override, e.g. output=runs/x seed=1 stack.concurrency=2")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")

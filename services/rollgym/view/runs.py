@@ -30,7 +30,7 @@ TIMING_GROUPS = ("phases_s", "timings", "timing", "phases", "phase_s")
 TEXT_FIRST = ("stage", "model_version", "artefact")
 # the mean reward under its usual names (`train.mean_reward`, `reward_mean`, `validation_reward`), not
 # counts that mention rewards (`curated.dropped.below_min_reward`) or spreads (`reward_std`)
-# The trainer's figures per step (docs/trainers.md, "What a step reports"), charted apart from rewards.
+# The trainer's figures per step (docs/train-objective.md, "History"), charted apart from rewards.
 TRAINER_NAME = re.compile(r"(train_)?loss|grad_norm|(mismatch_)?kl|clip_fraction|masked_fraction|tis_capped_fraction"
                           r"|importance_ratio_(mean|min|max)|entropy|logprob_gap_mean")
 REWARD_NAME = re.compile(r"((train|validation|val|eval|test)_)?(mean_)?reward(_mean)?")

@@ -1,4 +1,4 @@
-"""The remote trainer example of docs/trainers.md (scripts/train/http_trainer.py) against a small
+"""The remote trainer example of docs/train-extending.md (scripts/train/http_trainer.py) against a small
 training service on loopback, directly and as a plan's adapter in the loop."""
 
 from __future__ import annotations

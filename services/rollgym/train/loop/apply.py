@@ -10,7 +10,7 @@
   `serve_dtype` (written by the trainer, `gguf_export.py`); applying restarts the stack's servers on
   that file. Its model name, the file's stem, is the version the rollouts report. The base model is
   served the same way (a copy of the bundled GGUF in that precision), so that what is sampled is what
-  the trainer computes, up to that precision (docs/trainers.md).
+  the trainer computes, up to that precision (docs/train-loop.md).
 - `none`: the served model stays as it is.
 """
 

@@ -237,7 +237,7 @@ class Plan(StrictModel):
     validation: ValidationConfig | None = None
     mode: Literal["epochs", "async"] = Field(
         default="epochs", description="epochs: collect then train, stage by stage; async: the orchestrator streams "
-                                      "step batches while the trainer steps (docs/trainers.md)")
+                                      "step batches while the trainer steps (docs/train-async.md)")
     stages: list[StageConfig] = Field(default_factory=list, description="mode: epochs")
     orchestrator: OrchestratorConfig | None = Field(default=None, description="mode: async")
     optimize: OptimizeConfig | None = Field(default=None, description="mode: async: the trainer of every step")

@@ -8,7 +8,7 @@
 After curation, every sequence of every curated rollout is sent to the teacher's `POST /v1/score`
 (rollgym.scoring: prompt ids + completion ids → one logprob per completion token), `concurrency` calls at
 a time; the answers go on the sequence as `teacher_logprobs`, which the GRPO trainer's surogate objective
-weighs by `loss.teacher_tau` (docs/trainers.md). A failed call fails the epoch's curation with its cause:
+weighs by `loss.teacher_tau` (docs/train-objective.md). A failed call fails the epoch's curation with its cause:
 a missing teacher logprob is never a zero. The token ids are the student's, so before the first call the
 teacher and the policy model server tokenize one probe text and must agree (and the teacher refuses ids
 outside its vocabulary at every call). The teacher scores at each rollout's sampling temperature, the one

@@ -88,7 +88,7 @@ class RemoteTrainer(Protocol):
 # The built-in trainers, by the name a plan gives `optimize.trainer`; any other name is an import path
 # "module:Class". `grpo` is rollgym's own policy-gradient step (grpo_loss.py, grpo_trainer.py) in one
 # long-lived process per run; `trl_grpo` is an older name of it, still read: TRL's GRPOTrainer cannot take
-# the sampling policy's logprobs (docs/trainers.md).
+# the sampling policy's logprobs (docs/train-objective.md).
 BUILTIN = {
     "trl_sft": "rollgym.train.trainers.trl_trainers:SFTTrainer",
     "trl_dpo": "rollgym.train.trainers.trl_trainers:DPOTrainer",

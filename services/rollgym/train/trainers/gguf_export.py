@@ -4,7 +4,7 @@ The base GGUF is the template: its metadata (tokenizer, chat template, hyper-par
 every tensor is dequantized with the `gguf` package (the same numbers transformers trains on), and
 each LoRA delta (scale · B·A, from PEFT) is added to the tensor it adapts. The result is F32, F16 or
 Q8_0: serving F32 or F16 means the sampling logprobs are those of the trainer's own weights, up to
-that rounding (docs/trainers.md, "The importance ratio on CPU"). Q8_0 generates about twice as
+that rounding (docs/train-loop.md, "The importance ratio on CPU"). Q8_0 generates about twice as
 fast as F16 on a CPU (half the bytes per token), but llama.cpp then rounds activations to 8 bits as
 well, which puts its logprobs as far from the trainer's as the bundled Q4_1 (~0.04 per token).
 

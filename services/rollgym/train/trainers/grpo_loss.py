@@ -1,4 +1,4 @@
-"""The policy-gradient objective of rollgym's RL trainer (`grpo`), written out in docs/trainers.md.
+"""The policy-gradient objective of rollgym's RL trainer (`grpo`), written out in docs/train-objective.md.
 
 For every token t of rollout i that the policy sampled (m_it = 1: a model token, not an environment
 token and not one a grammar forced), with A_i the rollout's advantage as the batch computed it:
@@ -30,7 +30,7 @@ The scales are computed once over the whole batch (every micro-batch, every proc
 accumulation and data parallelism sum to exactly the gradient of one pass over the batch.
 
 `objective: surogate` (`surogate_loss`) is the loss of Surogate's GRPO specification (prime-rl's masked
-importance sampling), written out in docs/trainers.md beside the one above.
+importance sampling), written out in docs/train-objective.md beside the one above.
 
 For every token t of sequence i that the policy sampled, with A_it its advantage (the rollout's, or its
 model turn's) and no π_old (the ratio is to the sampling policy μ directly):

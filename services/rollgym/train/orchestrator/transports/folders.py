@@ -1,6 +1,6 @@
 """Step folders: the batch transport over a shared disk (`base.BatchTransport`).
 
-    ROOT/step_1/batch.jsonl   one rollout per line, each with its `advantage` (see docs/trainers.md)
+    ROOT/step_1/batch.jsonl   one rollout per line, each with its `advantage` (see docs/train-async.md)
     ROOT/step_1/meta.json     the step's number, metrics and the orchestrator's resume state
     ROOT/step_1/READY         the marker, written last: the folder is complete
     ROOT/step_1/ADAPTER       written by the trainer when it has trained on the step: the path of the
