@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .sampling_contract import DEFAULT_TEMPERATURE
 from .server import BadRequest
 
 # A text whose tokens exercise what tokenizers disagree on: chat markers, digits, accents, spacing, JSON.
@@ -39,7 +40,7 @@ class ScoreRequest(BaseModel):
     model: str | None = None
     prompt_token_ids: list[int] = Field(min_length=1)
     completion_token_ids: list[int] = Field(min_length=1)
-    temperature: float = Field(default=1.0, gt=0)
+    temperature: float = Field(default=DEFAULT_TEMPERATURE, gt=0)
 
     @model_validator(mode="after")
     def _ids(self) -> "ScoreRequest":
