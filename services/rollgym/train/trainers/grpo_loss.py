@@ -61,7 +61,7 @@ across steps), rather than −Σ c · log π, whose value mixes in the logprobs'
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar, Hashable, Literal, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -230,8 +230,10 @@ def policy_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor", sampling
 def ppo_tis_loss(logprobs: "torch.Tensor", old_logprobs: "torch.Tensor",  # noqa: F821
                  sampling_logprobs: "torch.Tensor", advantages: "torch.Tensor",  # noqa: F821
                  rollout_index: "torch.Tensor", scales: "torch.Tensor", config: PPOTISConfig,  # noqa: F821
-                 ref_logprobs: "torch.Tensor | None", rollouts: int) -> LossTerms:  # noqa: F821
-    """The ppo_tis objective (the module docstring's first formula) over a micro-batch's loss tokens."""
+                 ref_logprobs: "torch.Tensor | None", rollouts: int,  # noqa: F821
+                 teacher_logprobs: "torch.Tensor | None" = None) -> LossTerms:  # noqa: F821
+    """The ppo_tis objective (the module docstring's first formula) over a micro-batch's loss tokens (a
+    teacher's logprobs, if any, take no part in it)."""
     import torch
 
     count = int(logprobs.numel())
@@ -358,38 +360,40 @@ def ratio_metrics(sums: dict[str, float], tokens: float) -> dict[str, float]:
             "kl": sums["kl_sum"] / tokens}
 
 
-class PPOTIS(Objective):
-    """PPO clip with truncated importance sampling against the sampling policy (the default)."""
+class BuiltinObjective(Objective):
+    """What the two built-ins share: STATS, a loss function of the micro-batch's tensors, the ρ metrics."""
 
-    name: ClassVar[str] = "ppo_tis"
-    Config: ClassVar[type[BaseModel]] = PPOTISConfig
     statistics: ClassVar[tuple[str, ...]] = STATS
+    function: ClassVar[Callable[..., LossTerms]]
 
     def __call__(self, inputs: LossInputs) -> LossOutputs:
-        return ppo_tis_loss(inputs.logprobs, inputs.old_logprobs, inputs.sampling_logprobs, inputs.advantages,
-                            inputs.rollout_index, inputs.scales, self.config,  # type: ignore[arg-type]
-                            inputs.ref_logprobs, inputs.rollouts)
+        return type(self).function(inputs.logprobs, inputs.old_logprobs, inputs.sampling_logprobs, inputs.advantages,
+                                   inputs.rollout_index, inputs.scales, self.config, inputs.ref_logprobs,
+                                   inputs.rollouts, inputs.teacher_logprobs)
 
     def metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
         return ratio_metrics(sums, tokens)
 
 
-class Surogate(Objective):
+class PPOTIS(BuiltinObjective):
+    """PPO clip with truncated importance sampling against the sampling policy (the default)."""
+
+    name: ClassVar[str] = "ppo_tis"
+    Config: ClassVar[type[BaseModel]] = PPOTISConfig
+    function = staticmethod(ppo_tis_loss)
+
+
+class Surogate(BuiltinObjective):
     """Surogate's GRPO loss: masked importance sampling to the sampling policy, an optional teacher term."""
 
     name: ClassVar[str] = "surogate"
     Config: ClassVar[type[BaseModel]] = SurogateConfig
-    statistics: ClassVar[tuple[str, ...]] = STATS
-
-    def __call__(self, inputs: LossInputs) -> LossOutputs:
-        return surogate_loss(inputs.logprobs, inputs.old_logprobs, inputs.sampling_logprobs, inputs.advantages,
-                             inputs.rollout_index, inputs.scales, self.config,  # type: ignore[arg-type]
-                             inputs.ref_logprobs, inputs.rollouts, inputs.teacher_logprobs)
+    function = staticmethod(surogate_loss)
 
     def metrics(self, sums: dict[str, float], tokens: float) -> dict[str, float]:
         return ratio_metrics(sums, tokens) | surogate_mask_metrics(sums, tokens)
 
 
-__all__ = ["Aggregation", "LOG_RATIO_BOUND", "LossConfig", "LossTerms", "PPOTIS", "PPOTISConfig", "PPO_TIS_KEYS",
+__all__ = ["Aggregation", "LOG_RATIO_BOUND", "BuiltinObjective", "LossConfig", "LossTerms", "PPOTIS", "PPOTISConfig", "PPO_TIS_KEYS",
            "STATS", "SUROGATE_KEYS", "SUROGATE_STATS", "Surogate", "SurogateConfig", "mask_metrics", "policy_loss",
            "ppo_tis_loss", "ratio_metrics", "sequence_scales", "surogate_loss", "surogate_mask_metrics"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from ...config import import_target
 
@@ -151,11 +151,7 @@ class LossConfig(BaseModel):
                 del given[key]
             elif owner is not None:
                 raise ValueError(f"{key} is a setting of objective: {owner.name}, but the objective is {self.objective}")
-        try:
-            settings = chosen.Config.model_validate(given)
-        except ValidationError as exc:
-            raise ValueError("; ".join(f"{'.'.join(str(part) for part in error['loc']) or self.objective}: "
-                                       f"{error['msg']}" for error in exc.errors())) from None
+        settings = chosen.Config.model_validate(given)  # its errors keep their keys: args.loss.clip_high
         if self.aggregation == "constant" and self.max_tokens is None:
             raise ValueError("aggregation: constant needs max_tokens (the normaliser, e.g. the generation budget)")
         self.__pydantic_extra__ = settings.model_dump()  # every key of the objective, validated
