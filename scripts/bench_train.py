@@ -195,7 +195,7 @@ def bf16_gap(trainer: Any, batch: list[Any]) -> float:
     for precision in ("fp32", "bf16"):
         module.precision = precision
         values[precision] = torch.cat(trainer._logprobs_no_grad(batch))
-    module.precision = trainer.args.precision
+    module.precision = trainer.precision
     return float((values["bf16"] - values["fp32"]).abs().mean())
 
 

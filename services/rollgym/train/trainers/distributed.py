@@ -36,7 +36,12 @@ class DistInfo:
             # included) land on cuda:0.
             torch.cuda.set_device(self.local_rank)
         if self.distributed and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            if torch.cuda.is_available():
+                # device_id binds the group to this rank's GPU at once (NCCL connects eagerly, and no
+                # collective guesses the device from the current one).
+                dist.init_process_group("nccl", device_id=self.device)
+            else:
+                dist.init_process_group("gloo")
 
     def all_sum(self, values: list[float]) -> list[float]:
         return self._reduce(values, "sum")

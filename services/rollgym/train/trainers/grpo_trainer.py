@@ -17,8 +17,9 @@ under a grammar (`completion_constrained`) have no teacher term (grpo_loss).
 
 Data parallel: started under torchrun (WORLD_SIZE > 1) the trainer joins the process group (gloo on
 CPU, nccl on GPUs), wraps a LoRA model in DDP and shards full weights with FSDP2 (`fully_shard` per
-decoder layer), and each process takes every WORLD_SIZE-th rollout of a batch. The loss scales are
-computed over the whole batch first, so 1 and N processes take the same step.
+decoder layer), and each process takes every WORLD_SIZE-th rollout of a batch, computing π_old and the
+reference logprobs for those only. The loss scales are computed over the whole batch first, so 1 and N
+processes take the same step.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .distributed import DistInfo
 from .grpo_batch import TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of
 from .grpo_config import GRPOConfig
 from .grpo_loss import policy_loss, sequence_scales
+from .lr_schedule import fresh_schedule, lr_schedule, schedule_settings
 from .packed_attention import segment_boundaries, use_varlen
 from .token_logprobs import decoder_layers, token_logprobs_module
 
@@ -68,6 +70,10 @@ class PolicyTrainer:
         if args.threads:
             torch.set_num_threads(args.threads)
         self.device = self.dist.device
+        self.precision = args.precision_on(self.device.type)
+        if self.device.type == "cuda" and args.precision is None:
+            torch.backends.cuda.matmul.allow_tf32 = True  # what stays fp32 under autocast runs on TF32 tensor cores
+            torch.backends.cudnn.allow_tf32 = True
         self.step = 0
         self.checkpoint: str | None = None  # the state this trainer holds, as a checkpoint folder or adapter
         self.model: Any = None
@@ -119,9 +125,9 @@ class PolicyTrainer:
         model.train()
         self.model = model
         # Packed rows in bf16 on a GPU: flash attention's varlen kernel, rollout by rollout (packed_attention).
-        self.varlen = (self.args.seq_len is not None and self.device.type == "cuda" and self.args.precision == "bf16"
+        self.varlen = (self.args.seq_len is not None and self.device.type == "cuda" and self.precision == "bf16"
                        and use_varlen(model))
-        module = token_logprobs_module()(model, self.args.precision)
+        module = token_logprobs_module()(model, self.precision)
         if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
             for layer in decoder_layers(module.causal()):
                 layer.compile(dynamic=True)
@@ -144,36 +150,14 @@ class PolicyTrainer:
         params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=self.args.learning_rate, betas=self.args.betas,
                                            weight_decay=self.args.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = lr_schedule(self.optimizer, self.args)
         self.step = 0
 
     def _schedule_settings(self) -> dict[str, Any]:
-        """What identifies an LR schedule: a checkpoint saved under other settings (the previous stage's)
-        does not continue its schedule here."""
-        args = self.args
-        return {"learning_rate": args.learning_rate, "betas": list(args.betas), "weight_decay": args.weight_decay,
-                "warmup_steps": args.warmup_steps, "lr_decay": args.lr_decay, "total_steps": args.total_steps}
+        return schedule_settings(self.args)
 
     def _fresh_schedule(self) -> None:
-        """This stage's schedule from its step 0, with its own learning rate, betas and weight decay; the
-        optimizer's moments (and AdamW's per-weight step counts) carry on from the checkpoint."""
-        import torch
-
-        for group in self.optimizer.param_groups:
-            group.update(lr=self.args.learning_rate, initial_lr=self.args.learning_rate, betas=self.args.betas,
-                         weight_decay=self.args.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-
-    def _lr_factor(self, step: int) -> float:
-        """Warm-up from 0, then constant, linear or cosine decay to 0 at total_steps."""
-        args = self.args
-        if args.warmup_steps and step < args.warmup_steps:
-            return (step + 1) / args.warmup_steps
-        if args.lr_decay == "constant" or not args.total_steps:
-            return 1.0
-        span = max(1, args.total_steps - args.warmup_steps)
-        progress = min(1.0, (step - args.warmup_steps) / span)
-        return 1.0 - progress if args.lr_decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        self.scheduler = fresh_schedule(self.optimizer, self.args)
 
     def save_checkpoint(self, folder: Path) -> Path:
         """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt, written beside and renamed into
@@ -285,8 +269,12 @@ class PolicyTrainer:
         if len(batches) > math.ceil(len(order) / per_step) or args.mini_batches > 1:
             # Data used more than once: π_old is the policy before this call's first update, computed
             # once (as verl's old_log_prob), so the clip acts on the passes that re-use it.
+            # Each process computes it for the sequences its own steps take, over every pass.
             rollouts = [seq for group in by_group for seq in group]
-            old = dict(zip(map(id, rollouts), self._logprobs_no_grad(rollouts)))
+            needed = {id(batch[i]) for batch in batches for i in self._own(batch)}
+            own = [k for k, seq in enumerate(rollouts) if id(seq) in needed]
+            computed = self._logprobs_no_grad(rollouts, own)
+            old = {id(rollouts[k]): computed[k] for k in own}
         history = [self.train_batch(batch, old) for batch in batches]
         return combined(history) | {"steps": float(len(history)), "optimizer_step": float(self.step)}
 
@@ -301,11 +289,12 @@ class PolicyTrainer:
             raise TrainingFailed("loss.teacher_tau > 0, but a rollout has no teacher_logprobs: name a teacher for "
                                  "the stage (stages[i].teacher), which scores every trained token")
         count = self.args.mini_batches
+        own = self._own(batch)  # π_old and the reference: this process's shard only
         if old_logprobs is not None:
-            old = [old_logprobs[id(seq)] for seq in batch]
+            old = [old_logprobs.get(id(seq)) for seq in batch]
         else:
-            old = self._logprobs_no_grad(batch) if count > 1 else None
-        ref = self._reference_logprobs(batch) if self.args.loss.kl_beta > 0 else None
+            old = self._logprobs_no_grad(batch, own) if count > 1 else None
+        ref = self._reference_logprobs(batch, own) if self.args.loss.kl_beta > 0 else None
         results = []
         for part in mini_batch_parts(batch, count):
             if not any(batch[i].loss_tokens for i in part):
@@ -407,29 +396,48 @@ class PolicyTrainer:
                 "advantages": put(advantages, torch.float32),
                 "teacher": put(teacher, torch.float32) if len(teacher) == len(targets) else None}
 
-    def _forward(self, tensors: dict[str, Any]) -> Any:
-        return self.module(tensors["input_ids"], tensors["attention_mask"], tensors["positions"], tensors["targets"],
-                           tensors["temperatures"], tensors["position_ids"], tensors["segments"])
+    def _forward(self, tensors: dict[str, Any], module: Any = None) -> Any:
+        return (module or self.module)(tensors["input_ids"], tensors["attention_mask"], tensors["positions"],
+                                       tensors["targets"], tensors["temperatures"], tensors["position_ids"],
+                                       tensors["segments"])
 
-    def _logprobs_no_grad(self, batch: list[TrainSequence]) -> list[Any]:
-        """Per rollout, the current policy's logprobs of its loss tokens (no gradient), computed in the
-        step's micro-batches and left on the device."""
+    def _own(self, batch: list[TrainSequence]) -> list[int]:
+        """The indices of the sequences of `batch` this process's optimizer steps take (its shard: in each
+        mini-batch part, every WORLD_SIZE-th sequence from its rank), in order."""
+        dist = self.dist
+        return sorted(part[j] for part in mini_batch_parts(batch, self.args.mini_batches)
+                      for j in range(len(part)) if j % dist.world == dist.rank)
+
+    def _logprobs_no_grad(self, batch: list[TrainSequence], indices: list[int] | None = None) -> list[Any]:
+        """Per sequence of `indices` (default: every one; the others are left empty), the current policy's
+        logprobs of its loss tokens (no gradient), computed in the step's micro-batches and left on the
+        device. Over several processes each computes its own shard only: a replicated (DDP) model runs its
+        inner module, with no collective; a sharded one (FSDP gathers each layer's weights in every forward)
+        runs as many passes as the busiest process, the extra ones discarded."""
         import torch
 
         out = [torch.zeros(0, device=self.device)] * len(batch)
+        wanted = [i for i in (range(len(batch)) if indices is None else indices) if batch[i].loss_tokens]
+        micro = self._micro_batches(wanted, batch)
+        passes = list(micro)
+        if self.sharded:
+            filler = next(i for i, seq in enumerate(batch) if seq.loss_tokens)
+            passes += [[filler]] * (int(self.dist.all_max([float(len(micro))])[0]) - len(micro))
+        module = getattr(self.module, "module", self.module) if self.dist.distributed and not self.sharded else None
         with torch.no_grad():
-            for indices in self._micro_batches([i for i, seq in enumerate(batch) if seq.loss_tokens], batch):
-                logprobs = self._forward(self._tensors([batch[i] for i in indices])).detach()
-                for i, part in zip(indices, logprobs.split([batch[i].loss_tokens for i in indices])):
-                    out[i] = part
+            for number, indices_ in enumerate(passes):
+                logprobs = self._forward(self._tensors([batch[i] for i in indices_]), module).detach()
+                if number < len(micro):
+                    for i, part in zip(indices_, logprobs.split([batch[i].loss_tokens for i in indices_])):
+                        out[i] = part
         return out
 
-    def _reference_logprobs(self, batch: list[TrainSequence]) -> list[Any]:
+    def _reference_logprobs(self, batch: list[TrainSequence], indices: list[int] | None = None) -> list[Any]:
         """The reference model's logprobs (the base: the LoRA switched off) for the KL term."""
         if self.args.finetune != "lora":
             raise TrainingFailed("loss.kl_beta > 0 needs finetune: lora (the base model is the reference)")
         with self.model.disable_adapter():
-            return self._logprobs_no_grad(batch)
+            return self._logprobs_no_grad(batch, indices)
 
     def _optimizer_step(self, batch: list[TrainSequence], old: list[Any] | None,
                         ref: list[Any] | None) -> dict[str, float]:
@@ -469,9 +477,11 @@ class PolicyTrainer:
                 sync = self.module.no_sync()
             with sync:
                 logprobs = self._forward(tensors)
-                old_lp = (torch.cat([old[i] for i in indices]).to(self.device) if old is not None
+                # A filler pass (scale 0) may be of another process's sequence: no π_old or reference here.
+                old_lp = (torch.cat([old[i] for i in indices]).to(self.device) if old is not None and not dummy
                           else logprobs.detach())
-                ref_lp = torch.cat([ref[i] for i in indices]).to(self.device) if ref is not None else None
+                ref_lp = (torch.cat([ref[i] for i in indices]).to(self.device) if ref is not None and not dummy
+                          else None)
                 terms = policy_loss(logprobs, old_lp, tensors["sampled"], tensors["advantages"], tensors["rollout"],
                                     token_scales, args.loss, ref_lp, rollouts=len(indices),
                                     teacher_logprobs=tensors["teacher"])
