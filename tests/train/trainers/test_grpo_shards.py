@@ -2,7 +2,8 @@
 logprobs for its own shard of the batch only (the sequences its optimizer steps take), counted forward pass
 by forward pass, and the step is the one process's step (loss, weights after it). A LoRA (DDP: the inner module
 runs, no collective) with mini_batches 2 and kl_beta > 0; full weights (FSDP2: every process runs as many
-passes as the busiest) with mini_batches 2. On CUDA the precision defaults to bf16 with TF32, on a CPU to fp32."""
+passes as the busiest) with mini_batches 2, whose checkpoint each process writes its shard of (DCP) and from
+which new trainers resume exactly. On CUDA the precision defaults to bf16 with TF32, on a CPU to fp32."""
 
 from __future__ import annotations
 
@@ -69,6 +70,13 @@ def worker(rank: int, model: str, port: int, out: str) -> None:
                 trainer.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True)).items()}
         torch.save({"metrics": metrics, "passes": passes, "own": trainer._own(batch()), "weights": weights},
                    Path(out) / f"{kind}-rank{rank}.pt")
+        if kind == "full":  # a sharded checkpoint, resumed by new trainers: their next step is the same one
+            trainer.save_checkpoint(Path(out) / "checkpoint")
+            resumed = PolicyTrainer(trainer.args, model, seed=1)
+            resumed.load(str(Path(out) / "checkpoint" / "model"))
+            after = [each.train_batch(batch()[::-1]) for each in (trainer, resumed)]
+            torch.save({"after": after, "equal": all(torch.equal(a.full_tensor(), b.full_tensor()) for a, b in zip(
+                trainer.model.parameters(), resumed.model.parameters()))}, Path(out) / f"resume-rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
 
@@ -101,6 +109,14 @@ def test_each_process_computes_pi_old_and_the_reference_on_its_own_shard(tiny_mo
         expected = {name: value.detach() for name, value in single.model.named_parameters()}
         for name, value in ranks[0]["weights"].items():
             assert torch.allclose(value, expected[name], atol=1e-6, rtol=1e-4), (kind, name)
+    # The sharded checkpoint: each process wrote its part of AdamW's state, none was gathered to rank 0, and
+    # trainers resumed from it take exactly the next step of the ones that went on.
+    state = torch.load(tmp_path / "checkpoint" / "trainer_state.pt", weights_only=False)
+    assert state["sharded"] and state["optimizer"] is None and state["step"] == 2
+    assert len(list((tmp_path / "checkpoint" / "optimizer").glob("*.distcp"))) == 2
+    for rank in range(2):
+        resume = torch.load(tmp_path / f"resume-rank{rank}.pt", weights_only=False)
+        assert resume["equal"] and resume["after"][0] == resume["after"][1]
 
 
 def test_on_cuda_the_group_binds_the_ranks_gpu_and_precision_defaults_to_bf16(monkeypatch) -> None:

@@ -43,6 +43,12 @@ class DistInfo:
             else:
                 dist.init_process_group("gloo")
 
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier()
+
     def all_sum(self, values: list[float]) -> list[float]:
         return self._reduce(values, "sum")
 

@@ -25,7 +25,6 @@ processes take the same step.
 from __future__ import annotations
 
 import math
-import os
 import random
 import shutil
 import time
@@ -43,6 +42,7 @@ from .packed_attention import segment_boundaries, use_varlen
 from .token_logprobs import decoder_layers, token_logprobs_module
 
 STATE_FILE = "trainer_state.pt"
+OPTIMIZER_SHARDS = "optimizer"  # sharded: each process's part of AdamW's state (torch.distributed.checkpoint)
 
 
 def combined(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -161,25 +161,31 @@ class PolicyTrainer:
 
     def save_checkpoint(self, folder: Path) -> Path:
         """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt, written beside and renamed into
-        place, so a kill leaves either the whole checkpoint or none. Only rank 0 writes."""
+        place, so a kill leaves either the whole checkpoint or none. Rank 0 writes them; sharded (FSDP),
+        every process writes its own shard of AdamW's state into optimizer/ (torch.distributed.checkpoint),
+        so nothing of it is gathered, and only the weights the server loads are."""
         import numpy as np
         import torch
 
         folder = Path(folder)
-        optimizer_state = self.optimizer.state_dict()
-        if self.sharded:  # every process takes part in gathering the full weights and optimizer state
+        partial = folder.with_name(folder.name + ".partial")  # a name every process knows
+        optimizer_state = None if self.sharded else self.optimizer.state_dict()
+        if self.dist.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+        if self.sharded:
+            import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.state_dict import (
                 StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
             )
 
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            weights = get_model_state_dict(self.module, options=options)
-            optimizer_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            weights = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
+                                                                                 cpu_offload=True))
             self.gathered = {name.removeprefix("lm."): value for name, value in weights.items()}
+            self.dist.barrier()
+            dcp.save({"optimizer": get_optimizer_state_dict(self.module, self.optimizer)},
+                     checkpoint_id=str(partial / OPTIMIZER_SHARDS))
         if self.dist.rank == 0:
-            partial = folder.with_name(folder.name + f".tmp{os.getpid()}")
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
             target = partial / ("model" if self.args.finetune == "full" else "adapter")
             if self.sharded:
                 self.model.save_pretrained(target, state_dict=self.gathered)
@@ -193,7 +199,7 @@ class PolicyTrainer:
                         }, partial / STATE_FILE)
             shutil.rmtree(folder, ignore_errors=True)
             partial.replace(folder)
-        self._barrier()
+        self.dist.barrier()
         self.checkpoint = str(folder / ("model" if self.args.finetune == "full" else "adapter"))
         return folder
 
@@ -205,7 +211,14 @@ class PolicyTrainer:
         if bool(state.get("sharded")) != self.sharded:
             raise TrainingFailed(f"{folder}: its optimizer state was saved {'sharded' if state.get('sharded') else 'whole'}"
                                  f"; resume it with the same finetune and processes settings")
-        if self.sharded:
+        if self.sharded and state.get("optimizer") is None:  # each process reads its own shard
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+            shards = {"optimizer": get_optimizer_state_dict(self.module, self.optimizer)}
+            dcp.load(shards, checkpoint_id=str(folder / OPTIMIZER_SHARDS))
+            set_optimizer_state_dict(self.module, self.optimizer, shards["optimizer"])
+        elif self.sharded:  # a checkpoint that gathered the optimizer state whole (as rollgym once wrote them)
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"],
@@ -222,12 +235,6 @@ class PolicyTrainer:
         np.random.set_state(state["rng"]["numpy"])
         if self.device.type == "cuda" and state["rng"].get("cuda") is not None:  # dropout on the GPU draws from it
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
-
-    def _barrier(self) -> None:
-        if self.dist.distributed:
-            import torch.distributed as dist
-
-            dist.barrier()
 
     def merged_deltas(self) -> dict[str, Any]:
         """What `gguf_export.write_merged_gguf` adds to the base GGUF: LoRA deltas, or weights − base."""
