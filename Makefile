@@ -55,10 +55,10 @@ browser:
 		chromium chromium-driver fonts-dejavu-core >/dev/null; } || echo "chromium not installed: the browser test will be skipped"
 
 # The swe environment's generated tasks: their repositories rebuilt from pinned PyPI sdists (downloaded once
-# into resources_servers/swe/.sdists, sha256-checked; every base_commit comes out as its row says).
+# into .cache/swe/sdists, sha256-checked; every base_commit comes out as its row says).
 swe-repos: install
 	$(PY) -m resources_servers.swe.repos --tasks resources_servers/swe/data/generated/*.jsonl \
-		--into resources_servers/swe/.repos
+		--into .cache/swe/repos
 
 # mini-swe-agent (agents/proxy_agent/examples/mini_swe_agent) in a venv of its own: litellm and its
 # dependencies would change versions the main venv pins.

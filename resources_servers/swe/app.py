@@ -13,6 +13,7 @@ of FAIL_TO_PASS passing while none breaks). A failure of the sandbox itself rais
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import shlex
@@ -27,13 +28,13 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollgym import ResourcesServer, ResourcesServerConfig, RunRequest, Verdict, tool
-from rollgym.resources import EmptyArgs
+from rollgym.resources import EmptyArgs, ToolSpec
 from rollgym.sandbox import (FileAccessError, SandboxError, SandboxResult, WorkspaceLimits, WorkspaceProvider,
                              make_provider)
 from rollgym.server import JSONBytesResponse, ServerStartError
 
 from .editor import EditError, EditorArgs, insert, str_replace, view_file
-from .repos import GIT_IDENTITY, TEST_CMD, RepoError, git, repo_dir_name
+from .repos import DEFAULT_REPOS, TEST_CMD, RepoError, git, repo_dir_name
 from .testlog import grade, parse_pytest
 
 FOLDER = Path(__file__).resolve().parent
@@ -69,12 +70,28 @@ class SweTask(RunRequest):
 class BashArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: str = Field(min_length=1, max_length=100_000, description="a bash command, run in /workspace")
-    timeout: float | None = Field(default=None, gt=0, le=3600, description="seconds (default: the server's)")
+    # Bounds are checked here, not declared in the schema: a length bound of 100000 becomes a grammar
+    # repetition that llama.cpp cannot build when the tool call is forced.
+    command: str = Field(description="a bash command, run in /workspace")
+    timeout: float | None = Field(default=None, description="seconds (default: the server's)")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        if not value.strip() or len(value) > 100_000:
+            raise ValueError("must be a non-empty command of at most 100000 characters")
+        return value
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 3600:
+            raise ValueError("must be between 0 and 3600 seconds")
+        return value
 
 
 class SweServerConfig(ResourcesServerConfig):
-    repos_dir: str = Field(default=str(FOLDER / ".repos"), description="git repositories, one per repo: owner__name")
+    repos_dir: str = Field(default=str(DEFAULT_REPOS), description="git repositories, one per repo: owner__name")
     templates_dir: str | None = Field(default=None, description="checked-out task states; default: a temp folder")
     provider: Literal["local", "ray"] = "local"
     ray_hosts: int = Field(default=1, ge=1, description="provider ray: workspace actors")
@@ -118,6 +135,12 @@ def format_result(result: SandboxResult, limit: int) -> str:
     if result.output_truncated:
         text += "\n[output truncated]"
     return text or "[no output]"
+
+
+def tool_schemas() -> list[dict[str, Any]]:
+    """The tools as a task row's `responses_create_params.tools` carries them (what GET /tools answers)."""
+    return [ToolSpec(name, inspect.getdoc(getattr(SweServer, name)) or "", model, name).schema()
+            for name, model in (("bash", BashArgs), ("str_replace_editor", EditorArgs), ("submit", EmptyArgs))]
 
 
 class SweServer(ResourcesServer):

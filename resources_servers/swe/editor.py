@@ -18,16 +18,22 @@ class EditorArgs(BaseModel):
     command: Literal["view", "create", "str_replace", "insert", "undo_edit"] = Field(
         description="view a file or directory; create a file; str_replace old_str by new_str; insert new_str after "
                     "line insert_line; undo_edit the last edit of a file")
-    path: str = Field(min_length=1, max_length=4096, description="absolute path, e.g. /workspace/pkg/module.py")
+    path: str = Field(description="absolute path, e.g. /workspace/pkg/module.py")
     file_text: str | None = Field(default=None, description="create: the new file's content")
     old_str: str | None = Field(default=None, description="str_replace: the exact text to replace (must occur once)")
     new_str: str | None = Field(default=None, description="str_replace: the replacement; insert: the text to insert")
-    insert_line: int | None = Field(default=None, ge=0, description="insert: new_str goes after this line (0: at the top)")
-    view_range: list[int] | None = Field(default=None, min_length=2, max_length=2,
-                                         description="view: [first, last] line, 1-based; last -1 = to the end")
+    insert_line: int | None = Field(default=None, description="insert: new_str goes after this line (0: at the top)")
+    view_range: list[int] | None = Field(default=None, description="view: [first, last] line, 1-based; last -1 = to the end")
 
     @model_validator(mode="after")
     def _needs(self) -> "EditorArgs":
+        # Bounds checked here rather than declared in the schema (see BashArgs).
+        if not self.path.strip() or len(self.path) > 4096:
+            raise ValueError("path must be a non-empty path of at most 4096 characters")
+        if self.insert_line is not None and self.insert_line < 0:
+            raise ValueError("insert_line must be 0 or more")
+        if self.view_range is not None and len(self.view_range) != 2:
+            raise ValueError("view_range must be [first, last]")
         required = {"create": ("file_text",), "str_replace": ("old_str",), "insert": ("insert_line", "new_str")}
         for name in required.get(self.command, ()):
             if getattr(self, name) is None:

@@ -35,6 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .app import tool_schemas
 from .mutate import KINDS, Mutation, mutations
 from .repos import DEFAULT_CACHE, DEFAULT_REPOS, LIBRARIES, Library, clean_repo, commit_task, git
 from .testlog import GOOD, failure_messages, parse_pytest
@@ -149,7 +150,8 @@ def generate_library(lib: Library, count: int, repos: Path, cache: Path, seed: i
                 "problem_statement": statement, "hints_text": "", "patch": fix, "test_patch": "",
                 "FAIL_TO_PASS": broken, "PASS_TO_PASS": keep, "test_cmd": lib.test_cmd,
                 "mutation": {"kind": mutation.kind, "file": module, "line": mutation.line, "function": mutation.function},
-                "responses_create_params": {"input": [{"role": "user", "content": INSTRUCTIONS + statement}]},
+                "responses_create_params": {"input": [{"role": "user", "content": INSTRUCTIONS + statement}],
+                                            "tools": tool_schemas()},
             })
             seen_functions[f"{module}:{mutation.function}"] += 1
             log(f"  {instance_id}: {mutation.kind} in {mutation.function} breaks {len(broken)}")

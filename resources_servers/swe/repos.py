@@ -7,7 +7,7 @@ commit on top (the task's `patch` applied in reverse), so the row's `base_commit
 the repository is rebuilt.
 
     python -m resources_servers.swe.repos --tasks resources_servers/swe/data/generated/*.jsonl \
-        --into resources_servers/swe/.repos
+        --into .cache/swe/repos
 
 `--into` then holds `pypi__<library>/`, a git repository per library with a tag `task/<instance_id>`
 per task; the environment's `repos_dir` points there. Downloads go through `pip download` (the only
@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 FOLDER = Path(__file__).resolve().parent
-DEFAULT_CACHE = FOLDER / ".sdists"
-DEFAULT_REPOS = FOLDER / ".repos"
+# Build outputs, outside the server folder (and ignored by git): .cache/swe/ at the repository root.
+DEFAULT_CACHE = FOLDER.parents[1] / ".cache" / "swe" / "sdists"
+DEFAULT_REPOS = FOLDER.parents[1] / ".cache" / "swe" / "repos"
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "rollgym", "GIT_AUTHOR_EMAIL": "tasks@rollgym.invalid", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
     "GIT_COMMITTER_NAME": "rollgym", "GIT_COMMITTER_EMAIL": "tasks@rollgym.invalid",

@@ -1,5 +1,5 @@
 """The swe environment over real HTTP: repositories rebuilt from their pinned PyPI sdists (the only
-network access; cached in resources_servers/swe/.sdists), workspaces in real namespace sandboxes,
+network access; cached in .cache/swe/sdists), workspaces in real namespace sandboxes,
 the gold patch sent through str_replace_editor scoring 1 with per-test results, a wrong or empty
 patch 0, a sandbox/repository failure an HTTP 5xx (env_error), a bad row a 422 naming its field."""
 
