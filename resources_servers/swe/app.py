@@ -160,6 +160,7 @@ class SweServer(ResourcesServer):
         if c.provider == "ray":
             options["hosts"] = c.ray_hosts
         self.provider: WorkspaceProvider = make_provider(c.provider, limits, **options)
+        self._own_templates = c.templates_dir is None  # a temp folder of this server's: removed at shutdown
         self.templates = Path(c.templates_dir or tempfile.mkdtemp(prefix="rollgym-swe-templates-"))
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[str, float] = {}
@@ -173,6 +174,8 @@ class SweServer(ResourcesServer):
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self.provider.shutdown)
+        if self._own_templates:
+            shutil.rmtree(self.templates, ignore_errors=True)
         await super().shutdown()
 
     def add_routes(self, app: FastAPI) -> None:
