@@ -107,6 +107,8 @@ class SweServerConfig(ResourcesServerConfig):
     memory_mb: int = Field(default=2048, ge=128)
     max_processes: int = Field(default=64, ge=8)
     disk_mb: int = Field(default=512, ge=16)
+    session_memory_mb: int = Field(default=4096, ge=64, description="every process of a session together (cgroup)")
+    session_cpu_s: float = Field(default=3600.0, gt=0, description="CPU seconds of a whole session (cgroup)")
     output_chars: int = Field(default=10_000, ge=500, description="a tool's output shown to the model")
     partial_credit: bool = Field(default=False, description="reward = share of FAIL_TO_PASS passing (0 if one PASS_TO_PASS breaks)")
     test_cmd: str = Field(default=TEST_CMD, description="when the row has no test_cmd")
@@ -153,6 +155,7 @@ class SweServer(ResourcesServer):
         limits = WorkspaceLimits(cpu_time_s=c.cpu_time_s, timeout_s=c.command_timeout_s,
                                  max_timeout_s=max(c.test_timeout_s, c.command_timeout_s), memory_mb=c.memory_mb,
                                  max_processes=c.max_processes, disk_mb=c.disk_mb,
+                                 session_memory_mb=c.session_memory_mb, session_cpu_s=c.session_cpu_s,
                                  max_output_bytes=max(64 * 1024, c.output_chars * 4))
         options: dict[str, Any] = {"isolation": c.isolation, "toolchain": c.toolchain, "uid_base": c.sandbox_uid_base,
                                    "uid_count": c.sandbox_uid_count, "pool_size": c.pool_size,

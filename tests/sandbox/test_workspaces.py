@@ -153,3 +153,22 @@ def test_the_local_provider_serves_concurrent_sessions(template: str) -> None:
         assert asyncio.run(main()) == [f"{n}\nREADME\nn.txt\npkg\n" for n in range(6)]
     finally:
         provider.shutdown()
+
+
+def test_memory_and_cpu_time_are_bounded_for_the_whole_session() -> None:
+    spaces = LocalWorkspaces(WorkspaceLimits(session_memory_mb=160, session_cpu_s=1.0, memory_mb=2048, timeout_s=20),
+                             uid_base=UID_BASE + 40, uid_count=2)
+    ws = spaces.open()
+    try:
+        if spaces._open[ws].group is None:
+            pytest.skip("no control group can be made here: memory and CPU time are bounded per process only")
+        two = "python -c 'a = bytearray(100 * 2**20); b = bytearray(100 * 2**20); print(\"both\")'; echo status $?"
+        assert spaces.exec(ws, two).stdout.endswith("status 137\n")  # 200 MB in one session: killed
+        assert spaces.exec(ws, "python -c 'a = bytearray(100 * 2**20); print(\"one\")'").stdout == "one\n"
+        spin = "python -c 'import time\nwhile time.process_time() < 1.2: pass'"  # 1.2 CPU seconds, however loaded
+        assert spaces.exec(ws, spin).exit_code == 0
+        spent = spaces.exec(ws, "echo more")
+        assert spent.killed_reason == "session_cpu" and "used its CPU time" in spent.stderr
+    finally:
+        spaces.close(ws)
+        spaces.shutdown()

@@ -375,6 +375,13 @@ def kill_descendants(deadline_s=5.0):
 def main():
     cfg = json.loads(sys.argv[1])
     status = Status(cfg["status_fd"])
+    for procs in cfg.get("cgroups", ()):  # the session's groups: every process forked from here is inside
+        try:
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+        except OSError as exc:
+            status.write(error=f"cannot join {procs}: {exc}")
+            return 2
     mode = cfg["mode"]
     state = {"child": None, "killed": None}
 

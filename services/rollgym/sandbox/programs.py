@@ -105,6 +105,7 @@ def run_program(
     env: dict[str, str] | None = None,
     binds: tuple[tuple[str, str], ...] = (),
     expose: tuple[str, ...] = (),
+    cgroups: tuple[str, ...] = (),
     stdin: bytes = b"",
 ) -> SandboxResult:
     """Run `argv` confined as `isolation` says, as `uid`. Blocking; raises SandboxError only when the
@@ -113,7 +114,8 @@ def run_program(
     `host_dir`'s files are copied into the work directory (/tmp/sandbox) in "namespaces" mode, and
     are the work directory itself in the others. `binds` are (host path, path inside) pairs mounted
     read-write (a workspace); `expose` adds read-only paths to the isolation's. `workdir` is where
-    the program starts (inside the namespace in "namespaces" mode).
+    the program starts (inside the namespace in "namespaces" mode). `cgroups` are `cgroup.procs` files the
+    launcher joins before it forks (a workspace session's groups).
     """
     root = os.geteuid() == 0
     namespaced = isolation.mode == "namespaces"
@@ -128,6 +130,7 @@ def run_program(
             "host_dir": host_dir,
             "workdir": workdir,
             "binds": [list(pair) for pair in binds],
+            "cgroups": list(cgroups),
             "uid": uid,
             "gid": uid,
             "user_name": "sandbox",

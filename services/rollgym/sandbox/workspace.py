@@ -33,6 +33,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from . import cgroups
+from .cgroups import SessionGroup
 from .isolation import Isolation, SandboxError, SandboxLimits, SandboxResult, UidLease, uid_processes_of
 from .programs import detect_isolation, run_program
 
@@ -61,6 +63,8 @@ class WorkspaceLimits:
     file_size_mb: int = 64  # RLIMIT_FSIZE
     max_output_bytes: int = 64 * 1024  # kept per stream
     kill_output_bytes: int = 4 * 1024 * 1024  # more output and the command is killed
+    session_memory_mb: int = 4096  # every process of the session together (its cgroup; where one can be made)
+    session_cpu_s: float = 3600.0  # CPU seconds of the whole session, checked before each command (cgroup)
 
     def for_command(self, timeout_s: float | None) -> SandboxLimits:
         wall = min(self.max_timeout_s, timeout_s or self.timeout_s)
@@ -79,6 +83,7 @@ class Workspace:
     template: str | None
     snapshots: dict[str, str]
     lock: threading.Lock
+    group: SessionGroup | None = None
 
     @property
     def uid(self) -> int | None:
@@ -138,8 +143,13 @@ class LocalWorkspaces:
         return {**isolation.describe(), "provider": "local", "toolchain": self.toolchain,
                 "workdir": WORKDIR if isolation.mode == "namespaces" else "the workspace's host directory",
                 "disk_limit": "tmpfs per workspace" if os.geteuid() == 0 else "not enforced (not root)",
+                "session_cgroup": self._cgroup_kind(),
                 "limits": self.limits.__dict__, "open": len(self._open),
                 "pooled": {str(k): len(v) for k, v in self._pool.items()}}
+
+    def _cgroup_kind(self) -> str:
+        kinds = {w.group.kind for w in self._open.values() if w.group is not None}
+        return ", ".join(sorted(kinds)) or "none seen yet (memory and CPU time are per process: rlimits)"
 
     def _make(self, template: str | None) -> Workspace:
         isolation = self.isolation
@@ -151,7 +161,8 @@ class LocalWorkspaces:
         path = os.path.join(self.root_dir, ws_id)
         os.mkdir(path, 0o700)
         mounted = lease is not None and _mount_tmpfs(path, self.limits, lease.uid)
-        workspace = Workspace(ws_id, path, lease, mounted, template, {}, threading.Lock())
+        group = cgroups.make(ws_id, self.limits.session_memory_mb, self.limits.max_processes) if lease else None
+        workspace = Workspace(ws_id, path, lease, mounted, template, {}, threading.Lock(), group)
         try:
             if lease is not None:
                 os.chown(path, lease.uid, lease.uid)
@@ -179,6 +190,8 @@ class LocalWorkspaces:
     def _destroy(self, workspace: Workspace) -> None:
         if workspace.uid is not None and uid_processes_of(workspace.uid):
             self._kill_uid(workspace.uid)  # only in the weaker modes can a process outlive its command
+        if workspace.group is not None:
+            workspace.group.remove()
         if workspace.mounted:
             _libc.umount2(workspace.host_path.encode(), MNT_DETACH)
         shutil.rmtree(workspace.host_path, ignore_errors=True)
@@ -272,12 +285,17 @@ class LocalWorkspaces:
             limits = replace(limits, max_output_bytes=output_bytes, kill_output_bytes=max(output_bytes * 2, limits.kill_output_bytes))
         return run_program(argv, isolation, limits, uid=workspace.uid, host_dir=host_dir,
                            workdir=workdir, env=env, binds=((workspace.host_path, WORKDIR),) if namespaced else (),
-                           expose=(self.toolchain,), stdin=stdin)
+                           expose=(self.toolchain,), cgroups=tuple(workspace.group.procs) if workspace.group else (),
+                           stdin=stdin)
 
     def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"") -> SandboxResult:
         """Run `command` with bash in the workspace: exit status, stdout, stderr (bounded), why it was killed."""
         workspace = self._get(ws_id)
         with workspace.lock:
+            if workspace.group is not None and workspace.group.cpu_s() >= self.limits.session_cpu_s:
+                return SandboxResult(exit_code=None, stdout="", timed_out=False, killed_reason="session_cpu",
+                                     stderr=f"this session has used its CPU time ({self.limits.session_cpu_s:g} s)",
+                                     output_truncated=False, wall_s=0.0)
             return self._run(workspace, ["/bin/bash", "-c", command], timeout_s, stdin[:60_000])
 
     def read_file(self, ws_id: str, path: str, max_bytes: int = 1_000_000) -> str:
