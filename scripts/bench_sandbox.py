@@ -162,7 +162,7 @@ ESCAPES = [
      lambda out, ctx: "No such file" in out and "rollgym" not in out),
     ("write outside the workspace", "touch /usr/evil /etc/evil /evil; echo x > /tmp/evil-{tag} && ls /tmp",
      lambda out, ctx: "Read-only file system" in out and not os.path.exists(f"/tmp/evil-{ctx['tag']}")),
-    ("fork bomb", "bomb() { bomb | bomb & }; bomb; sleep 3; echo still here",
+    ("fork bomb", "bomb() {{ bomb | bomb & }}; bomb; sleep 3; echo still here",
      lambda out, ctx: not uid_processes_of(ctx["uid_range"])),
     ("fill the disk", "head -c 4G /dev/zero > big; ls -la big | cut -c1-60; rm -f big",
      lambda out, ctx: "No space left on device" in out),
@@ -187,7 +187,7 @@ def escape_table(repos: Path, uid_base: int) -> None:
         other.post("/bash", json={"command": "echo the-other-secret > secret.txt"})
         other_ws = [w for w in server.provider.workspaces._open.values()][0]
         ctx["other"] = other_ws.host_path
-        print("\n| attempt | contained | the tool's output (first 120 chars) | server healthy |")
+        print("\n| attempt | contained | the tool's output (last 120 chars) | server healthy |")
         print("|---|---|---|---|")
         for name, command, check in ESCAPES:
             with httpx.Client(base_url=url, timeout=120) as http:
@@ -198,7 +198,7 @@ def escape_table(repos: Path, uid_base: int) -> None:
             time.sleep(0.2)
             contained = reply.status_code == 200 and check(output, ctx)
             healthy = httpx.get(f"{url}/health", timeout=10).status_code == 200
-            shown = " ".join(output.split())[:120].replace("|", "\\|")
+            shown = " ".join(output.split())[-120:].replace("|", "\\|")
             print(f"| {name} | {'yes' if contained else 'NO'} | {shown} | {'yes' if healthy else 'NO'} |")
         other.close()
 

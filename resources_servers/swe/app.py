@@ -246,7 +246,8 @@ class SweServer(ResourcesServer):
         """Run a bash command in the repository (/workspace) and see its output. Each call is a fresh shell: the
         files persist, background processes and `cd` do not. No network."""
         state["commands"] = state.get("commands", 0) + 1
-        result = await self.provider.exec(self._workspace(state), args.command, args.timeout)
+        # One stream, in the order it was written, as a terminal (and the agents' own bash tools) shows it.
+        result = await self.provider.exec(self._workspace(state), "exec 2>&1\n" + args.command, args.timeout)
         return format_result(result, self.config.output_chars)
 
     @tool
