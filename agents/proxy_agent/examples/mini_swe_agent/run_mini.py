@@ -6,7 +6,8 @@ Reads the task row on stdin, runs `mini -y --exit-immediately` with the model be
 (litellm's `openai/<OPENAI_MODEL>`), mini-swe-agent's text-based config and the RollgymEnvironment
 (its bash commands go to the rollout's workspace sandbox), and prints its submission. `mini` is found
 as MINI_SWE_AGENT (default: the repository's .venv-mini/bin/mini, made by `make mini-swe-agent`);
-MINI_CONFIG adds `-c` specs (JSON list), e.g. a step limit.
+MINI_CONFIG adds `-c` specs (JSON list), e.g. a step limit. MINI_MODEL_CLASS / MINI_BASE_CONFIG pick
+mini-swe-agent's tool-calling mode instead (`litellm` / `mini.yaml`: a `bash` tool in every request).
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="mini-") as folder:
         trajectory = Path(folder) / "trajectory.json"
         argv = [mini, "-y", "--exit-immediately", "-m", f"openai/{os.environ.get('OPENAI_MODEL', 'policy')}",
-                "--model-class", "litellm_textbased", "--environment-class", "rollgym_environment.RollgymEnvironment",
-                "-c", "mini_textbased.yaml", "-c", f"model.model_kwargs.api_base={os.environ['OPENAI_BASE_URL']}",
+                "--model-class", os.environ.get("MINI_MODEL_CLASS", "litellm_textbased"),
+                "--environment-class", "rollgym_environment.RollgymEnvironment",
+                "-c", os.environ.get("MINI_BASE_CONFIG", "mini_textbased.yaml"),
+                "-c", f"model.model_kwargs.api_base={os.environ['OPENAI_BASE_URL']}",
                 "-c", "model.cost_tracking=ignore_errors", "-c", "agent.cost_limit=0",
                 *[arg for spec in json.loads(os.environ.get("MINI_CONFIG", "[]")) for arg in ("-c", spec)],
                 "-t", statement(task), "-o", str(trajectory)]
