@@ -172,3 +172,28 @@ def test_memory_and_cpu_time_are_bounded_for_the_whole_session() -> None:
     finally:
         spaces.close(ws)
         spaces.shutdown()
+
+
+def test_what_a_dead_server_left_is_swept(tmp_path: Path) -> None:
+    """A server killed without closing its workspaces leaves mounts, folders and groups; the next one
+    on the machine removes those whose owner process is gone."""
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    spaces = LocalWorkspaces(LIMITS, uid_base=UID_BASE + 50, uid_count=2, root_dir=str(tmp_path / "ws"))
+    leftover = tmp_path / "ws" / f"{dead.pid}-0123456789ab"
+    leftover.mkdir(parents=True)
+    (leftover / "file").write_text("x")
+    group = Path("/sys/fs/cgroup/pids/rollgym") / leftover.name
+    try:
+        group.mkdir(parents=True)
+    except OSError:
+        group = None  # no control groups here: the folder is still swept
+    ws = spaces.open()
+    try:
+        assert not leftover.exists() and (group is None or not group.exists())
+        assert (tmp_path / "ws" / ws).is_dir() and ws.startswith(f"{os.getpid()}-")
+    finally:
+        spaces.shutdown()
+    assert not (tmp_path / "ws" / ws).exists()

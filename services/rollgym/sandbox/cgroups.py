@@ -59,6 +59,23 @@ def _write(path: str, value: str) -> None:
         handle.write(value)
 
 
+def sweep(alive) -> None:
+    """Remove the empty groups of workspaces whose owner process (the id's `<pid>-` prefix) is gone."""
+    parents = [os.path.join(ROOT, GROUP)] + [os.path.join(ROOT, c, GROUP) for c in ("memory", "pids", "cpuacct")]
+    for parent in parents:
+        try:
+            entries = os.listdir(parent)
+        except OSError:
+            continue
+        for entry in entries:
+            owner = entry.split("-", 1)[0]
+            if owner.isdigit() and os.path.isdir(os.path.join(parent, entry)) and not alive(int(owner)):
+                try:
+                    os.rmdir(os.path.join(parent, entry))
+                except OSError:
+                    pass
+
+
 def make(ws_id: str, memory_mb: int, max_processes: int) -> SessionGroup | None:
     """A session's groups with its memory and process limits, or None where they cannot be made."""
     if os.geteuid() != 0:

@@ -127,6 +127,7 @@ class LocalWorkspaces:
         self._pool: dict[str | None, deque[Workspace]] = {}
         self._refilling: set[str | None] = set()
         self._closed = False
+        self._swept = False
 
     # --- set-up ----------------------------------------------------------------------------------
     @property
@@ -151,13 +152,26 @@ class LocalWorkspaces:
         kinds = {w.group.kind for w in self._open.values() if w.group is not None}
         return ", ".join(sorted(kinds)) or "none seen yet (memory and CPU time are per process: rlimits)"
 
+    def _sweep(self) -> None:
+        """Remove what servers that died without closing their workspaces left (mounts, folders, groups)."""
+        for entry in os.listdir(self.root_dir):
+            owner = entry.split("-", 1)[0]
+            if owner.isdigit() and int(owner) != os.getpid() and not os.path.exists(f"/proc/{owner}"):
+                path = os.path.join(self.root_dir, entry)
+                _libc.umount2(path.encode(), MNT_DETACH)
+                shutil.rmtree(path, ignore_errors=True)
+        cgroups.sweep(lambda owner: owner == os.getpid() or os.path.exists(f"/proc/{owner}"))
+
     def _make(self, template: str | None) -> Workspace:
         isolation = self.isolation
         os.makedirs(self.root_dir, mode=0o700, exist_ok=True)
+        if not self._swept:
+            self._swept = True
+            self._sweep()
         lease = None
         if os.geteuid() == 0 and isolation.uid_base is not None:
             lease = UidLease.acquire(isolation.uid_base, isolation.uid_count, wait_s=30.0)
-        ws_id = uuid.uuid4().hex[:16]
+        ws_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the owner's pid: a later server sweeps a dead one's
         path = os.path.join(self.root_dir, ws_id)
         os.mkdir(path, 0o700)
         mounted = lease is not None and _mount_tmpfs(path, self.limits, lease.uid)
@@ -229,7 +243,11 @@ class LocalWorkspaces:
                     return
             workspace = self._make(template)
             with self._lock:
-                self._pool[template].append(workspace)
+                if not self._closed:  # a refill that ends after shutdown must not leave its workspace behind
+                    self._pool.setdefault(template, deque()).append(workspace)
+                    continue
+            self._destroy(workspace)
+            return
 
     def _refill(self, template: str | None) -> None:
         if self.pool_size <= 0:
@@ -264,8 +282,8 @@ class LocalWorkspaces:
                 self._destroy(workspace)
 
     def shutdown(self) -> None:
-        self._closed = True
         with self._lock:
+            self._closed = True
             every = [*self._open.values(), *(w for queue in self._pool.values() for w in queue)]
             self._open.clear()
             self._pool.clear()
