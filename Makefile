@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # llama-cpp-python compiles from source; NATIVE=OFF keeps the build portable across CPUs.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install demo test train-demo clean browser view
+.PHONY: install demo test train-demo clean browser view swe-repos mini-swe-agent
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,7 +54,22 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		chromium chromium-driver fonts-dejavu-core >/dev/null; } || echo "chromium not installed: the browser test will be skipped"
 
-test: $(VENV)/.installed-trl browser
+# The swe environment's generated tasks: their repositories rebuilt from pinned PyPI sdists (downloaded once
+# into .cache/swe/sdists, sha256-checked; every base_commit comes out as its row says).
+swe-repos: install
+	$(PY) -m resources_servers.swe.repos --tasks resources_servers/swe/data/generated/*.jsonl \
+		--into .cache/swe/repos
+
+# mini-swe-agent (agents/proxy_agent/examples/mini_swe_agent) in a venv of its own: litellm and its
+# dependencies would change versions the main venv pins.
+MINI_VENV ?= .venv-mini
+mini-swe-agent: $(MINI_VENV)/.installed
+$(MINI_VENV)/.installed:
+	$(PYTHON) -m venv $(MINI_VENV)
+	$(MINI_VENV)/bin/python -m pip install --quiet "mini-swe-agent==2.4.6"
+	touch $@
+
+test: $(VENV)/.installed-trl browser swe-repos mini-swe-agent
 	$(PY) -m pytest -q
 
 # Look at the rollouts of every demo run (and anything else under runs/) in the browser.
@@ -62,4 +77,4 @@ view: install
 	$(VENV)/bin/rollgym view runs/ --open
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(MINI_VENV) runs
