@@ -339,7 +339,8 @@ class ServerClient:
                     reply = Reply(response.status, body, response.headers)
             except asyncio.TimeoutError:
                 raise ServerCallError(server, path, "timeout", f"no answer within {timeout.total:g} s") from None
-            except (aiohttp.ClientConnectionError, OSError) as exc:
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as exc:
+                # A payload error is an answer cut off mid-body: the server died while sending it.
                 self._mark_down(base)
                 if attempt >= retries:
                     raise ServerCallError(server, path, "connect", f"{type(exc).__name__}: {exc}") from None

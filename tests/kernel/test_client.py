@@ -85,6 +85,34 @@ async def test_connection_refused_raises_after_bounded_retries() -> None:
         await client.close()
 
 
+async def test_an_answer_cut_off_mid_body_is_a_call_error_retried_like_a_lost_connection() -> None:
+    """A server that dies while sending its answer (headers out, body cut short) is a failed call with
+    its cause, as a refused connection is: never an exception the caller did not expect."""
+    calls = {"count": 0}
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        calls["count"] += 1
+        response = web.StreamResponse(headers={"Content-Length": "100", "Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(b'{"partial": ')
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/cut", cut)
+    runner, url = await start(app)
+    client = ServerClient({"svc": ServerAddress(url)}, max_retries=1, backoff_base_s=0.001)
+    try:
+        with pytest.raises(ServerCallError) as info:
+            await client.post("svc", "/cut", json={})
+        assert info.value.kind == "connect" and "ClientPayloadError" in str(info.value)
+        assert calls["count"] == 2  # one try and one retry
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
 async def test_timeout_is_reported_and_not_retried() -> None:
     calls = {"count": 0}
 
