@@ -49,20 +49,20 @@ def any_value(value: Any) -> dict[str, Any]:
 
 
 def from_any_value(value: dict[str, Any]) -> Any:
+    """An OTLP AnyValue (camelCase, or snake_case with the unset fields null as Phoenix writes them)."""
     if not isinstance(value, dict):
         return value
-    for key in ("stringValue", "boolValue", "doubleValue", "string_value", "bool_value", "double_value"):
-        if key in value:
-            return value[key]
-    for key in ("intValue", "int_value"):
-        if key in value:
-            return int(value[key])
-    for key in ("arrayValue", "array_value"):
-        if key in value:
-            return [from_any_value(v) for v in (value[key] or {}).get("values") or []]
-    for key in ("kvlistValue", "kvlist_value"):
-        if key in value:
-            return {kv["key"]: from_any_value(kv.get("value") or {}) for kv in (value[key] or {}).get("values") or []}
+    for key, field_value in value.items():
+        if field_value is None:
+            continue
+        if key in ("stringValue", "string_value", "boolValue", "bool_value", "doubleValue", "double_value"):
+            return field_value
+        if key in ("intValue", "int_value"):
+            return int(field_value)
+        if key in ("arrayValue", "array_value"):
+            return [from_any_value(v) for v in field_value.get("values") or []]
+        if key in ("kvlistValue", "kvlist_value"):
+            return {kv["key"]: from_any_value(kv.get("value") or {}) for kv in field_value.get("values") or []}
     return None
 
 
