@@ -13,17 +13,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..tracing import (  # the names the agent servers' rollout traces use too
+    COMPLETION_IDS, EPISODE_ID, EPISODE_TASK, LOGPROBS, MODEL_VERSION, PROMPT_IDS, REWARD_NAME, REWARD_SOURCE,
+    REWARD_VALUE,
+)
 from .schema import Reward, Step, TokenRecord
 
 KIND = "openinference.span.kind"
 INPUT, OUTPUT = "input.value", "output.value"
 INPUT_MIME, OUTPUT_MIME = "input.mime_type", "output.mime_type"
 TAGS, METADATA = "tag.tags", "metadata"
-EPISODE_ID, EPISODE_TASK = "rollgym.episode.id", "rollgym.episode.task"
 STEP_IDX = "rollgym.step.idx"
-PROMPT_IDS, COMPLETION_IDS = "rollgym.prompt_token_ids", "rollgym.completion_token_ids"
-LOGPROBS, MODEL_VERSION = "rollgym.completion_logprobs", "rollgym.model_version"
-REWARD_VALUE, REWARD_SOURCE, REWARD_NAME = "rollgym.reward.value", "rollgym.reward.source", "rollgym.reward.name"
 STEP_KINDS = {"llm": "LLM", "tool": "TOOL", "node": "CHAIN", "answer": "CHAIN"}
 
 
