@@ -115,13 +115,9 @@ class RolloutTracer:
                 root_attrs[attr] = str(result.get(key) or task.get(key))
         root = self.tracer.start_span("rollout", attributes=root_attrs, start_time=start_ns)
         context = trace.set_span_in_context(root)
-        calls = [i for i, item in enumerate(output) if item.get("generation_token_ids") is not None
-                 or item.get("type") in ("function_call", "function_call_output")]
-        step = max((end_ns - start_ns) // max(len(calls), 1), 1)
-        at = start_ns
-        for i in calls:
-            item = output[i]
-            if item.get("generation_token_ids") is not None:
+        spans: list[tuple[str, dict[str, Any]]] = []
+        for i, item in enumerate(output):
+            if item.get("generation_token_ids") is not None:  # a model call (its message or function call)
                 attrs = {"openinference.span.kind": "LLM", "gen_ai.operation.name": "chat",
                          PROMPT_IDS: list(item.get("prompt_token_ids") or []),
                          COMPLETION_IDS: list(item["generation_token_ids"]),
@@ -132,20 +128,19 @@ class RolloutTracer:
                     attrs[MODEL_VERSION] = str(item["model_version"])
                 if response.get("model"):
                     attrs["llm.model_name"] = attrs["gen_ai.request.model"] = str(response["model"])
-                name = "chat"
-            elif item.get("type") == "function_call":
+                spans.append(("chat", attrs))
+            if item.get("type") == "function_call":
                 attrs = {"openinference.span.kind": "TOOL", "tool.name": str(item.get("name")),
                          "input.value": str(item.get("arguments")), "tool.parameters": str(item.get("arguments"))}
                 result_item = next((o for o in output if o.get("type") == "function_call_output"
                                     and o.get("call_id") == item.get("call_id")), None)
                 if result_item is not None:
                     attrs["output.value"] = _text(result_item.get("output"))
-                name = str(item.get("name"))
-            else:
-                continue
-            span = self.tracer.start_span(name, context=context, attributes=attrs, start_time=at)
-            span.end(end_time=at + step)
-            at += step
+                spans.append((str(item.get("name")), attrs))
+        step = max((end_ns - start_ns) // max(len(spans), 1), 1)  # the order is known, not each call's time
+        for n, (name, attrs) in enumerate(spans):
+            span = self.tracer.start_span(name, context=context, attributes=attrs, start_time=start_ns + n * step)
+            span.end(end_time=start_ns + (n + 1) * step)
         if result.get("reward") is not None:
             span = self.tracer.start_span("reward", context=context, start_time=end_ns, attributes={
                 "openinference.span.kind": "EVALUATOR", REWARD_VALUE: float(result["reward"]),
