@@ -12,6 +12,7 @@ token fields (as `rollgym train`'s curation writes them), its episode's reward a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -56,6 +57,11 @@ def conversation(trace: Trace) -> list[dict[str, Any]]:
 
 def prompt_key(trace: Trace) -> str:
     return json.dumps(prompt_messages(trace), sort_keys=True)
+
+
+def group_of(trace: Trace) -> str:
+    """The id of the traces that share this one's prompt (a group, as rollouts of one task are)."""
+    return "p-" + hashlib.sha1(prompt_key(trace).encode()).hexdigest()[:16]
 
 
 def tool_failed(trace: Trace) -> bool:
@@ -136,7 +142,7 @@ def to_sft(traces: Iterable[Trace], *, tokenizer: Any = None, template: Any = No
             f.dropped["untokenizable"] += 1
             continue
         for sequence in sequences:
-            records.append({"rollout_id": trace.episode.id, "group_id": prompt_key(trace)[:64],
+            records.append({"rollout_id": trace.episode.id, "group_id": group_of(trace),
                             "reward": trace.reward(f.score), "messages": messages or conversation(trace),
                             "prompt_ids": sequence["prompt_ids"], "completion_ids": sequence["completion_ids"],
                             "completion_mask": sequence["completion_mask"], "token_source": sequence["token_source"]})
@@ -190,7 +196,7 @@ def preference(chosen: Trace, rejected: Trace, tokenizer: Any, score: str | None
     if a["prompt_ids"] != b["prompt_ids"]:
         return None
     source = "served" if a["token_source"] == b["token_source"] == "served" else "retokenized"
-    return {"group_id": prompt_key(chosen)[:64], "chosen_rollout_id": chosen.episode.id,
+    return {"group_id": group_of(chosen), "chosen_rollout_id": chosen.episode.id,
             "rejected_rollout_id": rejected.episode.id, "prompt": prompt_messages(chosen),
             "chosen": conversation(chosen)[len(prompt_messages(chosen)):],
             "rejected": conversation(rejected)[len(prompt_messages(rejected)):],
@@ -225,7 +231,7 @@ def to_rollouts(traces: Iterable[Trace], *, score: str | None = None) -> list[di
         sequences = served_sequences(trace) if trace.token_source == "served" else []
         messages = conversation(trace)
         prompt = prompt_messages(trace)
-        rows.append({"rollout_id": trace.episode.id, "group_id": prompt_key(trace)[:64], "reward": trace.reward(score),
+        rows.append({"rollout_id": trace.episode.id, "group_id": group_of(trace), "reward": trace.reward(score),
                      "status": "ok" if trace.ok else "env_error", "responses_create_params": {"input": prompt},
                      "response": {"output": [{"type": "message", "role": m.get("role"), "content": [
                          {"type": "output_text", "text": str(m.get("content") or "")}]} for m in messages[len(prompt):]]},
