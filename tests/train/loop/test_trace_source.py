@@ -58,3 +58,18 @@ def test_a_stage_trains_on_trace_sources(tmp_path: Path, scripted_agents: dict[s
             "optimize": {"trainer": f"{TOY}:CountingTrainer", "data": "groups"}}
     with pytest.raises(TrainError, match=r"1 of 3 episodes have no served token ids.*allow_retokenized"):
         TrainLoop(load_plan(plan_file(tmp_path / "b", scripted_agents, grpo)), progress=False).run()
+
+
+def test_a_source_that_names_nothing_readable_stops_the_plan_before_a_stack(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from rollgym.cli import main
+
+    (tmp_path / "stack.json").write_text('{"weather_agent": {"url": "http://127.0.0.1:9", "role": "agents"}}')
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"output": str(tmp_path / "run"), "stack": {"registry_file": str(tmp_path / "stack.json")},
+                                    "stages": [{"name": "s", "apply": "none", "optimize": {"trainer": "trl_sft"}, "replay": [
+                                        "trace://jaeger/x", f"trace://otlp/{tmp_path}/none.jsonl", "trace://local/x?top_k=a"]}]}))
+    assert main(["train", str(plan), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "3 problems; nothing started" in err and "key 'stages[0].replay[0]': trace://jaeger/x: not a source" in err
+    assert "stages[0].replay[1]" in err and "no such file" in err and "top_k='a' is not a number" in err
