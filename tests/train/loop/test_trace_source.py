@@ -66,9 +66,10 @@ def test_a_source_that_names_nothing_readable_stops_the_plan_before_a_stack(tmp_
 
     (tmp_path / "stack.json").write_text('{"weather_agent": {"url": "http://127.0.0.1:9", "role": "agents"}}')
     plan = tmp_path / "plan.yaml"
-    plan.write_text(yaml.safe_dump({"output": str(tmp_path / "run"), "stack": {"registry_file": str(tmp_path / "stack.json")},
-                                    "stages": [{"name": "s", "apply": "none", "optimize": {"trainer": "trl_sft"}, "replay": [
-                                        "trace://jaeger/x", f"trace://otlp/{tmp_path}/none.jsonl", "trace://local/x?top_k=a"]}]}))
+    replay = ["trace://jaeger/x", f"trace://otlp/{tmp_path}/none.jsonl", "trace://local/x?top_k=a"]
+    stage = {"name": "s", "apply": "none", "optimize": {"trainer": "trl_sft"}, "replay": replay}
+    plan.write_text(yaml.safe_dump({"output": str(tmp_path / "run"), "stages": [stage],
+                                    "stack": {"registry_file": str(tmp_path / "stack.json")}}))
     assert main(["train", str(plan), "--check"]) == 2
     err = capsys.readouterr().err
     assert "3 problems; nothing started" in err and "key 'stages[0].replay[0]': trace://jaeger/x: not a source" in err
