@@ -47,6 +47,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.check:
             return _report_problems(args.plan, str(exc).splitlines())
         raise UsageError(str(exc)) from None
+    from ..traces.sources import plan_problems
+
+    if problems := [f"{args.plan}: {problem}" for problem in plan_problems(plan.stages)]:  # trace://, dataset://
+        if args.check:
+            return _report_problems(args.plan, problems)
+        raise UsageError("\n".join(problems))
     if args.check:
         return check_output(args.plan, plan, args.rewind)
     if plan.mode == "async":
