@@ -11,6 +11,8 @@ a `reward` or `score` column is the reward.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,22 @@ from .schema import Episode, Reward, Step, Trace
 
 class DatasetError(ValueError):
     """A dataset that is not there or has no known columns; the message names it."""
+
+
+@contextmanager
+def _hub_offline() -> Iterator[None]:
+    """The Hub in offline mode for one load, also when `datasets` was imported earlier in this process
+    (both libraries read HF_HUB_OFFLINE once, at import): a name not in the cache fails at once instead
+    of retrying a host that is not there."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = saved
 
 
 def load_rows(name: str, split: str | None) -> list[dict[str, Any]]:
@@ -35,7 +53,8 @@ def load_rows(name: str, split: str | None) -> list[dict[str, Any]]:
         if folder.is_dir():
             loaded = datasets.load_from_disk(str(folder))
         else:
-            loaded = datasets.load_dataset(name, split=split)
+            with _hub_offline():
+                loaded = datasets.load_dataset(name, split=split)
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds for "not there"
         raise DatasetError(f"{where}: no such dataset in a save_to_disk folder or the offline Hugging Face cache "
                            f"({type(exc).__name__}: {str(exc)[:200]})") from None
