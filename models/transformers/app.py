@@ -11,24 +11,20 @@ Generation is batched on one worker thread (engine.py). See README.md.
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
 from pydantic import Field
 
-from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
+from rollgym import BadRequest, ServerConfig
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
-from rollgym.chat_conversion import ConversionError, responses_to_chat_request
-from rollgym.scoring import ScoreRequest, check_vocabulary, score_answer
-from rollgym.sequences import previous_turn
-from rollgym.server import JSONBytesResponse, read_json
+from rollgym.errors import ContextLengthError
+from rollgym.local_model import LocalModelServer, Turn
+from rollgym.scoring import ScoreRequest
 from rollgym.tool_calls import parse_hermes_tool_calls
 
 from .chat_format import resolve_tool_choice
-from .engine import BatchQueue, ContextLengthError, Engine, Generation, GenerationRequest, pick_device, pick_dtype
+from .engine import BatchQueue, Engine, Generation, GenerationRequest, pick_device, pick_dtype
 
 
 class TransformersConfig(ServerConfig):
@@ -46,7 +42,7 @@ class TransformersConfig(ServerConfig):
                                          "raw: log-softmax of the logits, vLLM's default")
 
 
-class TransformersModel(ModelServer):
+class TransformersModel(LocalModelServer):
     config_class = TransformersConfig
     config: TransformersConfig
 
@@ -56,14 +52,6 @@ class TransformersModel(ModelServer):
         self.engine = await asyncio.to_thread(load_engine, config)
         self._keys = 0
         self.queue = BatchQueue(self.engine, self._select, max_batch=config.max_batch)
-
-    async def shutdown(self) -> None:
-        queue = getattr(self, "queue", None)
-        if queue is not None:
-            await asyncio.to_thread(queue.close, 5.0)
-
-    def model_names(self) -> list[str]:
-        return [getattr(self, "model_name", self.name)]
 
     # ------------------------------------------------------------------ adapters
 
@@ -107,56 +95,18 @@ class TransformersModel(ModelServer):
 
     # ------------------------------------------------------------------ generation
 
-    async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
-        model, version = (adapter.name if adapter else self.model_name), self.version_of(adapter)
-        try:
-            chat = responses_to_chat_request(payload)
-            previous = previous_turn(payload)
-            # Not a Responses field, but the sampling record states it: what it states is what is applied.
-            chat["top_k"] = payload.get("top_k")
-        except ConversionError as exc:
-            raise BadRequest(str(exc), field=exc.field) from None
+    async def generate(self, chat: dict[str, Any], previous: Any, adapter: Adapter | None, *,
+                       responses: bool) -> Turn:
         try:  # templates and tokenizing: off the event loop
             request, tools = await asyncio.to_thread(self._request, chat, previous, adapter)
         except ContextLengthError:
-            return build_response(payload, [], model=model, status="incomplete",
-                                  incomplete_details={"reason": "max_output_tokens"}, model_version=version)
+            raise
         result = await self.queue.submit(request)
         text, calls = self._parse(result, tools)
-        output = output_items(text, calls, request, result)
-        usage = {"input_tokens": len(request.prompt_ids), "output_tokens": len(result.token_ids)}
-        incomplete = result.finish_reason == "length"
-        return build_response(payload, output, model=model, usage=usage,
-                              status="incomplete" if incomplete else "completed",
-                              incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-                              model_version=version, logprobs_mode=self._logprobs_mode(chat))
-
-    async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
-        try:
-            request, tools = await asyncio.to_thread(self._request, payload, None, adapter)
-        except ContextLengthError as exc:
-            raise BadRequest(str(exc), field="messages") from None
-        result = await self.queue.submit(request)
-        text, calls = self._parse(result, tools)
-        message: dict[str, Any] = {"role": "assistant", "content": text or None}
-        if calls:
-            message["tool_calls"] = calls
-        logprobs = None
-        if payload.get("logprobs"):
-            logprobs = {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                                    for t, lp in zip(result.token_ids, result.logprobs)]}
-        finish = "tool_calls" if calls else result.finish_reason
-        return {
-            "id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-            "model": adapter.name if adapter else self.model_name, "prompt_token_ids": request.prompt_ids,
-            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                         "token_ids": result.token_ids}],
-            "usage": {"prompt_tokens": len(request.prompt_ids), "completion_tokens": len(result.token_ids),
-                      "total_tokens": len(request.prompt_ids) + len(result.token_ids)},
-            "model_version": self.version_of(adapter),
-        }
+        finish = "tool_calls" if calls and not responses else result.finish_reason
+        return Turn(text=text, tool_calls=calls, finish_reason=finish, prompt_token_ids=request.prompt_ids,
+                    generation_token_ids=result.token_ids, generation_log_probs=result.logprobs,
+                    generation_forced=result.forced)
 
     def _request(self, chat: dict[str, Any], previous: Any,
                  adapter: Adapter | None) -> tuple[GenerationRequest, list[Any]]:
@@ -205,53 +155,21 @@ class TransformersModel(ModelServer):
             text, calls = parse_hermes_tool_calls(text)
         return text.strip(), calls
 
-    def _logprobs_mode(self, chat: dict[str, Any]) -> str:
-        """Greedy decoding has no sampled distribution: its logprobs stay raw."""
-        greedy = chat.get("temperature") is not None and float(chat["temperature"]) <= 0
-        return "raw" if greedy else self.config.logprobs_mode
-
-    async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:
-        """Teacher-forced logprobs of the completion tokens, on the worker thread under the adapter's weights."""
-        check_vocabulary(request, self.engine.n_vocab, self.name)
+    def score_logprobs(self, request: ScoreRequest, adapter: Adapter | None) -> list[float]:
+        """Teacher-forced logprobs of the completion tokens, under the adapter's weights."""
         if len(request.all_ids) > self.engine.n_ctx:
-            raise BadRequest(f"{len(request.all_ids)} tokens exceed n_ctx {self.engine.n_ctx}", field="completion_token_ids")
+            raise ContextLengthError(len(request.all_ids), self.engine.n_ctx)
+        self._select(adapter.handle if adapter else None)
+        return score_tokens(self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature)
 
-        def run() -> list[float]:
-            self._select(adapter.handle if adapter else None)
-            return score_tokens(self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature)
+    def tokenize_text(self, text: str) -> list[int]:
+        return self.engine.tokenize(text)
 
-        logprobs = await self.queue.run(run)
-        return score_answer(request, logprobs, model=adapter.name if adapter else self.model_name,
-                            version=self.version_of(adapter), vocab_size=self.engine.n_vocab)
+    def render_ids(self, messages: Any, tools: Any, add_generation_prompt: bool) -> list[int]:
+        return self.engine.render(messages, tools, add_generation_prompt=add_generation_prompt)
 
-    def add_routes(self, app: FastAPI) -> None:
-        super().add_routes(app)
-
-        @app.post("/tokenize")
-        async def tokenize(request: Request) -> JSONBytesResponse:
-            """{"text": str} or {"input": Responses input, "tools", "instructions", "add_generation_prompt"}."""
-            payload = await read_json(request)
-            if isinstance(payload, dict) and isinstance(payload.get("text"), str):
-                ids = self.engine.tokenize(payload["text"])
-                return JSONBytesResponse({"tokens": ids, "count": len(ids)})
-            if not isinstance(payload, dict) or payload.get("input") is None:
-                raise BadRequest("required: 'text' (a string) or 'input' (Responses input items)", field="text")
-            try:
-                chat = responses_to_chat_request({key: payload.get(key) for key in ("input", "instructions", "tools")})
-            except ConversionError as exc:
-                raise BadRequest(str(exc), field=exc.field) from None
-            ids = self.engine.render(chat["messages"], chat.get("tools"),
-                                     add_generation_prompt=payload.get("add_generation_prompt", True) is not False)
-            return JSONBytesResponse({"tokens": ids, "count": len(ids)})
-
-        @app.post("/detokenize")
-        async def detokenize(request: Request) -> JSONBytesResponse:
-            payload = await read_json(request)
-            tokens = payload.get("tokens") if isinstance(payload, dict) else None
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < self.engine.n_vocab
-                                                       for t in tokens):
-                raise BadRequest(f"required: a list of token ids in [0, {self.engine.n_vocab})", field="tokens")
-            return JSONBytesResponse({"text": self.engine.detokenize(tokens)})
+    def detokenize(self, ids: Any) -> str:
+        return self.engine.detokenize(ids)
 
 
 class AdapterLoadError(ValueError):
@@ -308,27 +226,6 @@ def drop_peft(engine: Engine, key: str) -> None:
         del model.peft_config
         model._hf_peft_config_loaded = False
     engine.adapter_keys.discard(key)
-
-
-def output_items(text: str, calls: list[dict[str, Any]], request: GenerationRequest,
-                 result: Generation) -> list[dict[str, Any]]:
-    """Responses output items of one generation; the token record goes on the last one."""
-    items: list[dict[str, Any]] = []
-    if text:
-        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
-                      "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]})
-    for call in calls:
-        items.append({"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                      "status": "completed"})
-    if not items:
-        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
-                      "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]})
-    items[-1].update(prompt_token_ids=request.prompt_ids, generation_token_ids=result.token_ids,
-                     generation_log_probs=result.logprobs)
-    if result.forced is not None:
-        items[-1]["generation_forced"] = result.forced
-    return items
 
 
 def score_tokens(engine: Engine, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rollgym.errors import ContextLengthError
 from rollgym.sequences import extend_tokens
 
 from .chat_format import call_closed, native_messages, plain_messages
@@ -36,12 +37,6 @@ from .chat_format import call_closed, native_messages, plain_messages
 __all__ = ["BatchQueue", "ContextLengthError", "Engine", "Generation", "GenerationRequest", "pick_device", "pick_dtype"]
 
 FLOOR_LOGPROB = -103.616  # log(1e-45), as the embedded model clamps: a forced token outside the sampled support
-
-
-class ContextLengthError(ValueError):
-    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
-        super().__init__(f"prompt is {prompt_tokens} tokens but the context window is {n_ctx} tokens")
-        self.prompt_tokens, self.n_ctx = prompt_tokens, n_ctx
 
 
 def pick_device(name: str) -> torch.device:
