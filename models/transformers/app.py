@@ -5,26 +5,35 @@ The same contract as the embedded model (models/llamacpp): `/v1/responses` and
 `generation_log_probs` (processed: of the distribution sampled from), the `sampling` record and
 `model_version`; a turn that echoes the previous turn's items is built on exactly those tokens;
 PEFT LoRA adapters load and unload while serving (vLLM's routes), and a request's `model` picks one.
-Generation is batched on one worker thread (engine.py). See README.md.
+Generation is continuously batched on one worker thread (batching.py): a request joins the running
+batch at the next step, within a KV budget; past `max_queue` waiting requests the answer is 429 with
+Retry-After. `POST /update_weights_from_disk` (SGLang's route) reloads the full weights from a
+checkpoint folder and bumps `model_version`. See README.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
+from fastapi import FastAPI, HTTPException, Request
 from pydantic import Field
 
 from rollgym import BadRequest, ServerConfig
-from rollgym.adapters import Adapter, LoadLoraAdapterRequest
-from rollgym.errors import ContextLengthError
+from rollgym.adapters import Adapter, LoadLoraAdapterRequest, content_digest
+from rollgym.errors import ContextLengthError, ServerStartError
 from rollgym.local_model import LocalModelServer, Turn
 from rollgym.scoring import ScoreRequest
+from rollgym.server import JSONBytesResponse, read_json
 from rollgym.tool_calls import parse_hermes_tool_calls
 
 from .chat_format import resolve_tool_choice
-from .engine import BatchQueue, Engine, Generation, GenerationRequest, pick_device, pick_dtype
+from .batching import QueueFull, Scheduler
+from .engine import Engine, Generation, GenerationRequest, pick_device, pick_dtype
+from .weights import WeightLoadError, load_weights
 
 
 class TransformersConfig(ServerConfig):
@@ -34,7 +43,14 @@ class TransformersConfig(ServerConfig):
     device: str = Field(default="auto", description="auto: cuda when available, else cpu; or cpu, cuda, cuda:1, mps")
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(default="auto", description="auto: bf16 on cuda, else fp32")
     n_ctx: int = Field(default=4096, ge=64, description="prompt + generation tokens of one request")
-    max_batch: int = Field(default=32, ge=1, description="requests generated together in one wave")
+    max_batch: int = Field(default=32, ge=1, description="requests decoded together (the slots of the KV cache)")
+    kv_tokens: int | None = Field(default=None, ge=64, description="the KV cache's budget in tokens, split evenly "
+                                  "among the max_batch slots (a request's prompt + generation fit in one); "
+                                  "default: max_batch × n_ctx")
+    max_queue: int = Field(default=256, ge=0, description="requests waiting for a slot; one more is answered 429 "
+                                                          "with Retry-After")
+    prefill_tokens: int = Field(default=2048, ge=1, description="prompt tokens of the requests that join the batch "
+                                                              "in one step (one longer prompt joins alone)")
     seed: int = 0
     default_max_output_tokens: int = Field(default=256, ge=1)
     logprobs_mode: Literal["processed", "raw"] = Field(
@@ -50,8 +66,23 @@ class TransformersModel(LocalModelServer):
         config = self.config
         self.model_name = config.model_name or served_name(config.model_path)
         self.engine = await asyncio.to_thread(load_engine, config)
+        self.base_version = self.model_name
         self._keys = 0
-        self.queue = BatchQueue(self.engine, self._select, max_batch=config.max_batch)
+        # The budget in whole slots: each one holds a request's prompt and generation.
+        slot_tokens = min(self.engine.n_ctx, (config.kv_tokens or config.max_batch * config.n_ctx) // config.max_batch)
+        if slot_tokens < 2:
+            raise ServerStartError(f"kv_tokens {config.kv_tokens} leaves no room for {config.max_batch} requests")
+        self.engine.n_ctx = slot_tokens
+        self.queue = Scheduler(self.engine, self._select, max_batch=config.max_batch, slot_tokens=slot_tokens,
+                               max_queue=config.max_queue, prefill_tokens=config.prefill_tokens)
+
+    def version_of(self, adapter: Adapter | None) -> str:
+        return adapter.version if adapter is not None else getattr(self, "base_version", self.model_names()[0])
+
+    def health_details(self) -> dict[str, Any]:
+        queue = getattr(self, "queue", None)
+        return {} if queue is None else {"running": len(queue.rows), "waiting": queue.queued,
+                                         "model_version": self.version_of(None)}
 
     # ------------------------------------------------------------------ adapters
 
@@ -101,7 +132,10 @@ class TransformersModel(LocalModelServer):
             request, tools = await asyncio.to_thread(self._request, chat, previous, adapter)
         except ContextLengthError:
             raise
-        result = await self.queue.submit(request)
+        try:
+            result = await self.queue.submit(request)
+        except QueueFull as exc:
+            raise HTTPException(429, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
         text, calls = self._parse(result, tools)
         finish = "tool_calls" if calls and not responses else result.finish_reason
         return Turn(text=text, tool_calls=calls, finish_reason=finish, prompt_token_ids=request.prompt_ids,
@@ -161,6 +195,32 @@ class TransformersModel(LocalModelServer):
             raise ContextLengthError(len(request.all_ids), self.engine.n_ctx)
         self._select(adapter.handle if adapter else None)
         return score_tokens(self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature)
+
+    async def reload_weights(self, folder: str, version: str | None) -> dict[str, Any]:
+        """Replace the base weights with a checkpoint's, after the running batch drains; a new `model_version`."""
+        started = time.perf_counter()
+        try:
+            count = await self.queue.run(lambda: load_weights(self.engine.model, folder))
+        except WeightLoadError as exc:
+            raise BadRequest(str(exc), field="model_path", status=400) from None
+        self.base_version = version or f"{self.model_name}@{await asyncio.to_thread(content_digest, folder)}"
+        return {"success": True, "message": f"Succeeded to update model weights from {folder}.",
+                "model_version": self.base_version, "tensors": count, "load_s": round(time.perf_counter() - started, 4)}
+
+    def add_routes(self, app: FastAPI) -> None:
+        super().add_routes(app)
+
+        @app.post("/update_weights_from_disk")
+        async def update_weights_from_disk(request: Request) -> JSONBytesResponse:
+            """SGLang's route: {"model_path": a checkpoint folder, "weight_version"?} -> the new model_version."""
+            payload = await read_json(request)
+            path = payload.get("model_path") if isinstance(payload, dict) else None
+            if not isinstance(path, str) or not path:
+                raise BadRequest("required: the folder of the new weights", field="model_path")
+            version = payload.get("weight_version")
+            if version is not None and not isinstance(version, str):
+                raise BadRequest("must be a string", field="weight_version")
+            return JSONBytesResponse(await self.reload_weights(path, version))
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.engine.tokenize(text)
