@@ -11,7 +11,8 @@ the last row (one copy of its K/V), so the running rows stay one contiguous slic
 Sampling is the engine's (engine.py: per-request seed, temperature, top-k, top-p, forced tokens,
 the logprob of the distribution sampled from), and a step copies its tokens and logprobs to the host
 once. Requests under different weights (the base, a LoRA adapter) do not share a step: a batch
-admits only requests with its weights, and the next weights start when it drains. Calls (adapter
+admits requests in arrival order while they have its weights, and the next weights start when it
+drains. Calls (adapter
 loads, scoring, a weight reload) wait for the running batch to drain and run alone, in FIFO order
 with the requests. At most `max_queue` requests wait; past that `submit` raises `QueueFull`.
 """
@@ -24,7 +25,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,10 +60,12 @@ class SlotCache:
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         shape = (config.num_hidden_layers, slots, kv_heads, length, head_dim)
-        # torch.zeros on the CPU maps untouched pages lazily: memory grows with what is written.
-        self.keys = torch.zeros(shape, dtype=parameter.dtype, device=parameter.device)
-        self.values = torch.zeros(shape, dtype=parameter.dtype, device=parameter.device)
+        # Left unfilled (on the CPU, memory then grows with what is written): a position is zeroed the first
+        # time a step reads it unwritten (`cover`), since a masked NaN would still poison attention.
+        self.keys = torch.empty(shape, dtype=parameter.dtype, device=parameter.device)
+        self.values = torch.empty(shape, dtype=parameter.dtype, device=parameter.device)
         self.slots, self.length = slots, length
+        self.valid = [0] * slots  # positions of each slot that hold numbers (written or zeroed)
         self.prefill = False
         self.rows = torch.zeros(0, dtype=torch.long)
         self.positions = torch.zeros(0, dtype=torch.long)
@@ -84,6 +87,14 @@ class SlotCache:
         """Copy a sequence's first `tokens` positions from slot `source` to slot `target`."""
         self.keys[:, target, :, :tokens] = self.keys[:, source, :, :tokens]
         self.values[:, target, :, :tokens] = self.values[:, source, :, :tokens]
+        self.valid[target] = max(self.valid[target], tokens)
+
+    def cover(self, slot: int, span: int) -> None:
+        """Make the first `span` positions of `slot` hold numbers (zeros where nothing was written)."""
+        if self.valid[slot] < span:
+            self.keys[:, slot, :, self.valid[slot]:span] = 0
+            self.values[:, slot, :, self.valid[slot]:span] = 0
+            self.valid[slot] = span
 
     # The parts of transformers' Cache interface a forward may ask for.
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -116,7 +127,6 @@ class _Row:
     stops: list[str]
     length: int = 0  # positions of its cache written
     last: int = 0  # the token to feed at the next step
-    started: float = field(default_factory=time.perf_counter)
 
 
 class Scheduler:
@@ -133,6 +143,7 @@ class Scheduler:
         self.rows: list[_Row] = []
         self.weights: str | None = None  # the adapter of the running batch
         self._jobs: collections.deque[_Job] = collections.deque()
+        self._waiting = 0  # requests in _jobs (calls are not counted)
         self._ready = threading.Condition()
         self._closed = False
         self.waves = 0  # batches started from empty
@@ -145,7 +156,8 @@ class Scheduler:
 
     @property
     def queued(self) -> int:
-        return sum(job.request is not None for job in self._jobs)
+        """Requests waiting for a slot."""
+        return self._waiting
 
     @property
     def running(self) -> bool:
@@ -169,9 +181,11 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         job = _Job(request, call, loop, loop.create_future())
         with self._ready:
-            if request is not None and self.queued >= self.max_queue:
+            # Free slots take requests at once; beyond them, max_queue may wait.
+            if request is not None and self.queued >= self.max_queue + self.max_batch - len(self.rows):
                 raise QueueFull(self.queued, self.retry_after_s())
             self._jobs.append(job)
+            self._waiting += request is not None
             self._ready.notify()
         return await job.future
 
@@ -193,7 +207,7 @@ class Scheduler:
             with self._ready:
                 while not self._jobs and not self.rows and not self._closed:
                     self._ready.wait()
-                if self._closed and not self.rows:
+                if self._closed and not self.rows and not self._jobs:
                     return
                 call = self._jobs[0] if self._jobs and self._jobs[0].call is not None and not self.rows else None
                 if call is not None:
@@ -223,14 +237,16 @@ class Scheduler:
             assert request is not None
             if request.cancel.is_set() or job.future.done():
                 self._jobs.remove(job)
+                self._waiting -= 1
                 continue
             if request.adapter != self.weights:
-                continue
+                break  # first come, first served: the other weights start once this batch drains
             if joining and tokens + len(request.prompt_ids) > self.prefill_tokens:
                 break
             tokens += len(request.prompt_ids)
             joining.append(job)
             self._jobs.remove(job)
+            self._waiting -= 1
         return joining
 
     @torch.inference_mode()
@@ -287,8 +303,9 @@ class Scheduler:
                                logits_to_keep=ends, **{engine._cache_arg: cache})
         finally:
             cache.prefill = False
-        for row, n in zip(fresh, lengths):
+        for slot, row, n in zip(slots, fresh, lengths):
             row.length = n
+            cache.valid[slot] = max(cache.valid[slot], n)
         self._sample(out.logits[0].float(), fresh, list(range(first, first + len(fresh))))
 
     def _decode(self) -> None:
@@ -299,6 +316,8 @@ class Scheduler:
         cache.rows = torch.arange(len(rows), device=device)
         cache.positions = lengths
         cache.span = max(row.length for row in rows) + 1
+        for slot in range(len(rows)):
+            cache.cover(slot, cache.span)
         allowed = torch.arange(cache.span, device=device)[None, :] <= lengths[:, None]
         ids = torch.tensor([[row.last] for row in rows], device=device)
         out = engine.model(input_ids=ids, position_ids=lengths[:, None], attention_mask=self._mask(allowed[:, None, None]),
@@ -330,6 +349,8 @@ class Scheduler:
     def _record(self, row: _Row, token: int, logprob: float, forced: bool) -> bool:
         """Append one token to a row's result; True when the row ends with it."""
         engine, result, request = self.engine, row.result, row.request
+        if not result.token_ids:
+            result.first_token_at = time.perf_counter()
         result.token_ids.append(token)
         result.logprobs.append(logprob)
         row.last = token

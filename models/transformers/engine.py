@@ -71,6 +71,7 @@ class Generation:
     forced: list[int] | None
     finish_reason: str  # stop | length | abort
     stop_cut: int | None = None  # characters of the decoded text before a matched stop string
+    first_token_at: float | None = None  # time.perf_counter() when its first token was picked (time to first token)
 
 
 class Engine:
