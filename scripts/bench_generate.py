@@ -226,8 +226,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
     parser.add_argument("--n-ctx", type=int, default=1024)
     parser.add_argument("--waves-ref", default=WAVES_REF)
+    parser.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: its default); on a shared "
+                        "machine 1 spares every operation a wait for the other threads")
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.concurrency.split(",")]
     engines = args.engines.split(",")
     if not args.cell:

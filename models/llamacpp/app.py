@@ -115,7 +115,7 @@ class LlamaCppModel(LocalModelServer):
                      "prefix_message_index": len(previous[1]) - 1 if previous else None}
         try:
             result = await self.queue.submit(**self._sampling(chat), **extra, lora=adapter.handle if adapter else None)
-        except ContextLengthError:
+        except ContextLengthError:  # a ValueError too, but the caller's (an incomplete answer, not a 4xx)
             raise
         except ValueError as exc:
             raise BadRequest(str(exc), field="tool_choice") from None

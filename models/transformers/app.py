@@ -128,13 +128,11 @@ class TransformersModel(LocalModelServer):
 
     async def generate(self, chat: dict[str, Any], previous: Any, adapter: Adapter | None, *,
                        responses: bool) -> Turn:
-        try:  # templates and tokenizing: off the event loop
-            request, tools = await asyncio.to_thread(self._request, chat, previous, adapter)
-        except ContextLengthError:
-            raise
+        # Templates and tokenizing off the event loop; ContextLengthError goes to the caller.
+        request, tools = await asyncio.to_thread(self._request, chat, previous, adapter)
         try:
             result = await self.queue.submit(request)
-        except QueueFull as exc:
+        except QueueFull as exc:  # the client's retry policy (rollgym's retries 429) decides when to come back
             raise HTTPException(429, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
         text, calls = self._parse(result, tools)
         finish = "tool_calls" if calls and not responses else result.finish_reason
