@@ -23,11 +23,11 @@ from fastapi import FastAPI, HTTPException, Request
 from pydantic import Field
 
 from rollgym import BadRequest, ServerConfig
-from rollgym.adapters import Adapter, LoadLoraAdapterRequest, content_digest
+from rollgym.adapters import Adapter, LoadLoraAdapterRequest, UpdateWeightsFromDiskRequest, content_digest
 from rollgym.errors import ContextLengthError, ServerStartError
 from rollgym.local_model import LocalModelServer, Turn
 from rollgym.scoring import ScoreRequest
-from rollgym.server import JSONBytesResponse, read_json
+from rollgym.server import JSONBytesResponse, parse_body, read_json
 from rollgym.tool_calls import parse_hermes_tool_calls
 
 from .chat_format import resolve_tool_choice
@@ -211,14 +211,8 @@ class TransformersModel(LocalModelServer):
         @app.post("/update_weights_from_disk")
         async def update_weights_from_disk(request: Request) -> JSONBytesResponse:
             """SGLang's route: {"model_path": a checkpoint folder, "weight_version"?} -> the new model_version."""
-            payload = await read_json(request)
-            path = payload.get("model_path") if isinstance(payload, dict) else None
-            if not isinstance(path, str) or not path:
-                raise BadRequest("required: the folder of the new weights", field="model_path")
-            version = payload.get("weight_version")
-            if version is not None and not isinstance(version, str):
-                raise BadRequest("must be a string", field="weight_version")
-            return JSONBytesResponse(await self.reload_weights(path, version))
+            body = parse_body(UpdateWeightsFromDiskRequest, await read_json(request))
+            return JSONBytesResponse(await self.reload_weights(body.model_path, body.weight_version))
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.engine.tokenize(text)

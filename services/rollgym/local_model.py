@@ -11,6 +11,7 @@ engine-specific steps: `generate` (a chat request to a `Turn` on its worker), `s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from .scoring import ScoreRequest, check_vocabulary, score_answer
 from .sequences import previous_turn
 from .server import BadRequest, JSONBytesResponse, read_json
 
-__all__ = ["ContextLengthError", "LocalModelServer", "Turn", "chat_completion", "output_items"]
+__all__ = ["ContextLengthError", "LocalModelServer", "Turn", "chat_completion", "deliver", "output_items"]
 
 
 @dataclass
@@ -216,3 +217,19 @@ def chat_completion(turn: Turn, model: str, *, with_logprobs: bool) -> dict[str,
                      "token_ids": turn.generation_token_ids}],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
     }
+
+
+def deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], outcome: Any) -> None:
+    """From a model server's worker thread: complete `future` on its event loop with `outcome` (an exception is
+    raised to the awaiting request), unless it was cancelled meanwhile or the loop is gone."""
+
+    def complete() -> None:
+        if future.done():
+            return
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(complete)
