@@ -161,17 +161,26 @@ class Engine:
              pending: list[collections.deque[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """The next token of each row (on the device), its logprob, and whether it was forced (popped from
         `pending`). No copy to the host: the caller copies tokens and logprobs once."""
-        device = logits.device
+        device, vocab = logits.device, logits.shape[-1]
         greedy_rows = [r.temperature <= 0 for r in requests]
         temperature = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in requests], device=device)
         top_p = [r.top_p for r in requests]
-        processed = processed_logprobs(logits, temperature, torch.tensor(top_p, device=device),
-                                       [r.top_k for r in requests], top_p_host=top_p)
         # One uniform draw per row from the row's own generator: a seed reproduces the row's tokens.
-        uniform = torch.stack([torch.rand((), generator=g) for g in generators]).to(device)
-        cdf = processed.exp().cumsum(dim=-1)
-        draws = uniform.clamp_min(1e-12).unsqueeze(-1) * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, draws).squeeze(-1).clamp_max(logits.shape[-1] - 1)
+        uniform = torch.stack([torch.rand((), generator=g) for g in generators]).to(device).clamp_min(1e-12)
+        plain = all(p >= 1 for p in top_p) and not any(0 < r.top_k < vocab for r in requests)
+        if plain:
+            # Nothing truncated: the distribution is softmax(logits / T); only the chosen tokens' logprobs are read.
+            scores = logits / temperature.unsqueeze(-1)
+            peak = scores.amax(dim=-1, keepdim=True)
+            cdf = (scores - peak).exp_().cumsum_(dim=-1)
+            norm = peak + cdf[:, -1:].log()
+            logprob_of = lambda chosen: (scores.gather(-1, chosen) - norm).squeeze(-1)  # noqa: E731
+        else:
+            processed = processed_logprobs(logits, temperature, torch.tensor(top_p, device=device),
+                                           [r.top_k for r in requests], top_p_host=top_p)
+            cdf = processed.exp().cumsum(dim=-1)
+            logprob_of = lambda chosen: processed.gather(-1, chosen).squeeze(-1)  # noqa: E731
+        tokens = torch.searchsorted(cdf, uniform.unsqueeze(-1) * cdf[:, -1:]).squeeze(-1).clamp_max(vocab - 1)
         greedy = torch.tensor(greedy_rows, device=device)
         if any(greedy_rows):
             tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
@@ -180,8 +189,8 @@ class Engine:
             forced = torch.tensor([queue.popleft() if queue else 0 for queue in pending], device=device)
             tokens = torch.where(torch.tensor(flags, device=device, dtype=torch.bool), forced, tokens)
         chosen = tokens.unsqueeze(-1)
-        logprobs = processed.gather(-1, chosen).squeeze(-1)
-        if any(greedy_rows):
+        logprobs = logprob_of(chosen)
+        if any(greedy_rows) and not plain:  # greedy rows report raw logprobs (T = 1 makes the plain ones raw)
             logprobs = torch.where(greedy, torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1), logprobs)
         return tokens, logprobs.clamp_min(FLOOR_LOGPROB), flags
 
