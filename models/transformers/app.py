@@ -49,8 +49,9 @@ class TransformersConfig(ServerConfig):
                                   "default: max_batch × n_ctx")
     max_queue: int = Field(default=256, ge=0, description="requests waiting for a slot; one more is answered 429 "
                                                           "with Retry-After")
-    prefill_tokens: int = Field(default=2048, ge=1, description="prompt tokens of the requests that join the batch "
-                                                              "in one step (one longer prompt joins alone)")
+    prefill_tokens: int = Field(default=512, ge=1, description="prompt tokens of the requests that join the batch in "
+                                "one step, packed into one forward pass (a longer prompt joins alone); the packed "
+                                "attention grows with its square, so more is not faster on a CPU")
     seed: int = 0
     default_max_output_tokens: int = Field(default=256, ge=1)
     logprobs_mode: Literal["processed", "raw"] = Field(

@@ -133,7 +133,7 @@ class Scheduler:
     """The one thread that touches the model: continuous batching of requests, calls run alone."""
 
     def __init__(self, engine: Engine, select: Callable[[str | None], None], *, max_batch: int, slot_tokens: int,
-                 max_queue: int = 256, prefill_tokens: int = 2048) -> None:
+                 max_queue: int = 256, prefill_tokens: int = 512) -> None:
         self.engine = engine
         self.select = select
         self.max_batch = max_batch
