@@ -25,6 +25,7 @@ from pydantic import Field, field_validator
 from rollgym import BadRequest, ServerConfig
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.local_model import ContextLengthError, LocalModelServer, Turn
+from rollgym.sampling_contract import temperature_of, top_p_of
 from rollgym.scoring import ScoreRequest
 
 from .attach import LoraError
@@ -150,8 +151,8 @@ class LlamaCppModel(LocalModelServer):
             "tools": chat.get("tools"),
             "tool_choice": chat.get("tool_choice") or ("auto" if chat.get("tools") else "none"),
             "max_tokens": max_tokens,
-            "temperature": 1.0 if chat.get("temperature") is None else float(chat["temperature"]),
-            "top_p": 1.0 if chat.get("top_p") is None else float(chat["top_p"]),
+            "temperature": temperature_of(chat),
+            "top_p": top_p_of(chat),
             "seed": chat.get("seed"),
             "stop": chat.get("stop"),
         }

@@ -41,6 +41,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import LlamaGrammar
 from rollgym.errors import ContextLengthError
+from rollgym.sampling_contract import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from rollgym.tool_calls import parse_hermes_tool_calls
 
 from .chat_format import (
@@ -362,8 +363,8 @@ class LlamaEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | Mapping[str, Any] | None = "auto",
         max_tokens: int | None = None,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
+        temperature: float = DEFAULT_TEMPERATURE,
+        top_p: float = DEFAULT_TOP_P,
         seed: int | None = None,
         stop: str | Sequence[str] | None = None,
         prefix: tuple[Sequence[int], Sequence[int]] | None = None,

@@ -26,6 +26,7 @@ from rollgym import BadRequest, ServerConfig
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest, UpdateWeightsFromDiskRequest, content_digest
 from rollgym.errors import ContextLengthError, ServerStartError
 from rollgym.local_model import LocalModelServer, Turn
+from rollgym.sampling_contract import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from rollgym.scoring import ScoreRequest
 from rollgym.server import JSONBytesResponse, parse_body, read_json
 from rollgym.tool_calls import parse_hermes_tool_calls
@@ -148,7 +149,7 @@ class TransformersModel(LocalModelServer):
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise BadRequest("must be a positive integer", field="max_tokens")
         sampling = {}
-        for name, default, low, high in (("temperature", 1.0, 0.0, 100.0), ("top_p", 1.0, 1e-9, 1.0)):
+        for name, default, low, high in (("temperature", DEFAULT_TEMPERATURE, 0.0, 100.0), ("top_p", DEFAULT_TOP_P, 1e-9, 1.0)):
             value = chat.get(name)
             if value is None:
                 value = default

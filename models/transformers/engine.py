@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rollgym.errors import ContextLengthError
+from rollgym.sampling_contract import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from rollgym.sequences import extend_tokens
 
 from .chat_format import native_messages, plain_messages
@@ -53,8 +54,8 @@ class GenerationRequest:
 
     prompt_ids: list[int]
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
     top_k: int = 0
     seed: int | None = None
     forced_ids: list[int] = field(default_factory=list)
