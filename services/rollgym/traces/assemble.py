@@ -15,7 +15,8 @@ from .otlp import SpanRecord
 from .schema import Episode, Reward, Trace
 
 
-def _loads(value: Any) -> Any:
+def json_or_text(value: Any) -> Any:
+    """An attribute that holds JSON text as its value; any other value (plain text included) as it is."""
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -84,7 +85,7 @@ def build(key: str, spans: list[SpanRecord]) -> Trace | None:
         error = span.status_message or None if span.status == "ERROR" else None
         step = cv.step_from(attrs, span.name, len(trace.steps), span.status != "ERROR", error, lat)
         if attrs.get("rollgym.final_answer"):
-            trace.final_answer = _loads(attrs.get(cv.OUTPUT))
+            trace.final_answer = json_or_text(attrs.get(cv.OUTPUT))
         if step is not None:
             trace.steps.append(step)
     if root is None and not trace.steps:
@@ -92,11 +93,11 @@ def build(key: str, spans: list[SpanRecord]) -> Trace | None:
     if root is not None:
         attrs = root.attributes
         trace.episode.task = attrs.get(cv.EPISODE_TASK)
-        metadata = _loads(attrs.get(cv.METADATA))
+        metadata = json_or_text(attrs.get(cv.METADATA))
         trace.episode.metadata = metadata if isinstance(metadata, dict) else {}
-        trace.input = _loads(attrs.get(cv.INPUT))
+        trace.input = json_or_text(attrs.get(cv.INPUT))
         if attrs.get(cv.OUTPUT) is not None:
-            trace.final_answer = _loads(attrs.get(cv.OUTPUT))
+            trace.final_answer = json_or_text(attrs.get(cv.OUTPUT))
         trace.ok = root.status != "ERROR"
     if trace.final_answer is None and trace.llm_steps():
         last = (trace.llm_steps()[-1].output.get("messages") or [{}])[-1]

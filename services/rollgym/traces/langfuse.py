@@ -20,6 +20,7 @@ import os
 from datetime import datetime, timezone
 from typing import Any
 
+from .assemble import json_or_text
 from .schema import Event, Reward, Step, TokenRecord, Trace
 
 TYPES = {"llm": "GENERATION", "tool": "TOOL", "node": "SPAN", "answer": "EVENT"}
@@ -34,15 +35,6 @@ class LangfuseError(ValueError):
 
 def _time(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, timezone.utc)
-
-
-def _loads(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def observation_of(event: Event, *, observation_id: str, project_id: str = "rollgym") -> Any:
@@ -93,10 +85,10 @@ def event_of(item: Any) -> Event:
                                    source=meta.get("source") or str(getattr(item.source, "value", item.source)).lower()))
     meta = (item.metadata or {}).get("rollgym") if isinstance(item.metadata, dict) else None
     if isinstance(meta, str):  # a metadata value LangFuse truncated or kept as text
-        meta = _loads(meta) if isinstance(_loads(meta), dict) else None
+        meta = json_or_text(meta) if isinstance(json_or_text(meta), dict) else None
     end = item.end_time or item.start_time
     lat = int(round((end - item.start_time).total_seconds() * 1000)) if item.end_time else None
-    raw_in, raw_out = _loads(item.input), _loads(item.output)
+    raw_in, raw_out = json_or_text(item.input), json_or_text(item.output)
     if meta:
         kind = meta["kind"]
         step = Step(idx=meta["idx"], kind=kind, name=item.name, input=raw_in, output=raw_out,
