@@ -17,24 +17,19 @@ generation, without reloading the model.
 from __future__ import annotations
 
 import asyncio
-import secrets
-import time
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
 from pydantic import Field, field_validator
 
-from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
+from rollgym import BadRequest, ServerConfig
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
-from rollgym.chat_conversion import ConversionError, responses_to_chat_request
-from rollgym.scoring import ScoreRequest, check_vocabulary, score_answer
-from rollgym.sequences import previous_turn
-from rollgym.server import JSONBytesResponse, read_json
+from rollgym.local_model import ContextLengthError, LocalModelServer, Turn
+from rollgym.scoring import ScoreRequest
 
 from .attach import LoraError
 from .chat_format import RESERVED_TEMPLATE_VARIABLES, template_source
-from .engine import ContextLengthError, GenerationResult, LlamaEngine, bundled_model_path
+from .engine import LlamaEngine, bundled_model_path
 from .generation_queue import GenerationQueue
 from .lora import AdapterError, BaseModelInfo, gguf_lora_path
 from .scoring import score_tokens
@@ -71,7 +66,7 @@ class LlamaCppConfig(ServerConfig):
         return value
 
 
-class LlamaCppModel(ModelServer):
+class LlamaCppModel(LocalModelServer):
     config_class = LlamaCppConfig
     config: LlamaCppConfig
 
@@ -88,14 +83,6 @@ class LlamaCppModel(ModelServer):
             chat_template=template, chat_template_kwargs=config.chat_template_kwargs,
         )
         self.queue = GenerationQueue(self.engine)
-
-    async def shutdown(self) -> None:
-        queue = getattr(self, "queue", None)
-        if queue is not None:
-            await asyncio.to_thread(queue.close, 5.0)
-
-    def model_names(self) -> list[str]:
-        return [getattr(self, "model_name", self.name)]
 
     async def attach_adapter(self, request: LoadLoraAdapterRequest) -> Any:
         """Convert (PEFT) and initialise the adapter beside generation; the worker applies it per request."""
@@ -117,95 +104,41 @@ class LlamaCppModel(ModelServer):
         await self.queue.run(lambda: self.engine.loras.free(adapter.handle))
         return None
 
-    async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
-        model, version = (adapter.name if adapter else self.model_name), self.version_of(adapter)
+    async def generate(self, chat: dict[str, Any], previous: Any, adapter: Adapter | None, *,
+                       responses: bool) -> Turn:
+        """One turn on the worker thread; a Responses turn extends the echoed previous turn's tokens and
+        records logprobs in the configured mode (a chat turn, raw)."""
+        extra: dict[str, Any] = {}
+        if responses:
+            extra = {"logprobs_mode": self.config.logprobs_mode,
+                     "prefix": (previous[0].prompt, previous[0].generation) if previous else None,
+                     "prefix_message_index": len(previous[1]) - 1 if previous else None}
         try:
-            chat = responses_to_chat_request(payload)
-            previous = previous_turn(payload)
-        except ConversionError as exc:
-            raise BadRequest(str(exc), field=exc.field) from None
-        try:
-            result = await self.queue.submit(
-                **self._sampling(chat), logprobs_mode=self.config.logprobs_mode,
-                prefix=(previous[0].prompt, previous[0].generation) if previous else None,
-                prefix_message_index=len(previous[1]) - 1 if previous else None,
-                lora=adapter.handle if adapter else None,
-            )
-        except ContextLengthError:
-            return build_response(payload, [], model=model, status="incomplete",
-                                  incomplete_details={"reason": "max_output_tokens"}, model_version=version)
+            result = await self.queue.submit(**self._sampling(chat), **extra, lora=adapter.handle if adapter else None)
+        except ContextLengthError:  # a ValueError too, but the caller's (an incomplete answer, not a 4xx)
+            raise
         except ValueError as exc:
             raise BadRequest(str(exc), field="tool_choice") from None
-        output = output_items(result)
-        usage = {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens,
-                 "input_tokens_details": {"cached_tokens": result.cached_tokens}}
-        incomplete = result.finish_reason == "length"
-        return build_response(payload, output, model=model, usage=usage,
-                              status="incomplete" if incomplete else "completed",
-                              incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-                              model_version=version, logprobs_mode=self._logprobs_mode(chat))
+        return Turn(text=result.text, tool_calls=result.tool_calls, finish_reason=result.finish_reason,
+                    prompt_token_ids=result.prompt_token_ids, generation_token_ids=result.generation_token_ids,
+                    generation_log_probs=result.generation_log_probs, cached_tokens=result.cached_tokens,
+                    generation_forced=result.generation_forced,
+                    generation_constrained=result.generation_constrained)
 
-    def _logprobs_mode(self, chat: dict[str, Any]) -> str:
-        """Greedy decoding has no sampled distribution: its logprobs stay raw."""
-        greedy = chat.get("temperature") is not None and float(chat["temperature"]) <= 0
-        return "raw" if greedy else self.config.logprobs_mode
+    def score_logprobs(self, request: ScoreRequest, adapter: Adapter | None) -> list[float]:
+        """Teacher-forced logprobs of the completion tokens (models/llamacpp/scoring.py)."""
+        return score_tokens(self.engine, request.prompt_token_ids, request.completion_token_ids,
+                            request.temperature, adapter.handle if adapter else None)
 
-    async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
-        try:
-            result = await self.queue.submit(**self._sampling(payload), lora=adapter.handle if adapter else None)
-        except ContextLengthError as exc:
-            raise BadRequest(str(exc), field="messages") from None
-        except ValueError as exc:
-            raise BadRequest(str(exc), field="tool_choice") from None
-        answer = chat_completion(result, adapter.name if adapter else self.model_name,
-                                 with_logprobs=bool(payload.get("logprobs")))
-        answer["model_version"] = self.version_of(adapter)
-        return answer
+    def tokenize_text(self, text: str) -> list[int]:
+        return list(self.engine.tokenize(text, special=True))
 
-    async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:
-        """Teacher-forced logprobs of the completion tokens (models/llamacpp/scoring.py), queued like a generation."""
-        check_vocabulary(request, self.engine.n_vocab, self.name)
-        try:
-            logprobs = await self.queue.run(lambda: score_tokens(
-                self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature,
-                adapter.handle if adapter else None))
-        except ContextLengthError as exc:
-            raise BadRequest(str(exc), field="completion_token_ids") from None
-        return score_answer(request, logprobs, model=adapter.name if adapter else self.model_name,
-                            version=self.version_of(adapter), vocab_size=self.engine.n_vocab)
+    def render_ids(self, messages: Any, tools: Any, add_generation_prompt: bool) -> list[int]:
+        return list(self.engine._tokenize_prompt(self.engine.render(messages, tools,
+                                                                    add_generation_prompt=add_generation_prompt)))
 
-    def add_routes(self, app: FastAPI) -> None:
-        super().add_routes(app)
-
-        @app.post("/tokenize")
-        async def tokenize(request: Request) -> JSONBytesResponse:
-            """{"text": str} or {"input": Responses input, "tools", "instructions", "add_generation_prompt"}."""
-            payload = await read_json(request)
-            if isinstance(payload, dict) and isinstance(payload.get("text"), str):
-                return JSONBytesResponse(token_list(self.engine.tokenize(payload["text"], special=True)))
-            if not isinstance(payload, dict) or payload.get("input") is None:
-                raise BadRequest("required: 'text' (a string) or 'input' (Responses input items)", field="text")
-            try:
-                chat = responses_to_chat_request({key: payload.get(key) for key in ("input", "instructions", "tools")})
-            except ConversionError as exc:
-                raise BadRequest(str(exc), field=exc.field) from None
-            text = self.engine.render(chat["messages"], chat.get("tools"),
-                                      add_generation_prompt=payload.get("add_generation_prompt", True) is not False)
-            return JSONBytesResponse(token_list(self.engine._tokenize_prompt(text)))
-
-        @app.post("/detokenize")
-        async def detokenize(request: Request) -> JSONBytesResponse:
-            """{"tokens": [int], "pieces": bool} -> {"text", "pieces"?}."""
-            payload = await read_json(request)
-            tokens = payload.get("tokens") if isinstance(payload, dict) else None
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < self.engine.n_vocab for t in tokens):
-                raise BadRequest(f"required: a list of token ids in [0, {self.engine.n_vocab})", field="tokens")
-            result: dict[str, Any] = {"text": self.engine.detokenize(tokens)}
-            if payload.get("pieces"):
-                result["pieces"] = [self.engine.detokenize([token]) for token in tokens]
-            return JSONBytesResponse(result)
+    def detokenize(self, ids: Any) -> str:
+        return self.engine.detokenize(ids)
 
     def _sampling(self, chat: dict[str, Any]) -> dict[str, Any]:
         """Engine arguments from a chat request."""
@@ -222,53 +155,3 @@ class LlamaCppModel(ModelServer):
             "seed": chat.get("seed"),
             "stop": chat.get("stop"),
         }
-
-
-def token_list(ids: list[int]) -> dict[str, Any]:
-    return {"tokens": list(ids), "count": len(ids)}
-
-
-def output_items(result: GenerationResult) -> list[dict[str, Any]]:
-    """Responses output items for one generation; the token record goes on the last item."""
-    items: list[dict[str, Any]] = []
-    if result.text.strip():
-        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
-                      "status": "completed",
-                      "content": [{"type": "output_text", "text": result.text, "annotations": []}]})
-    for call in result.tool_calls:
-        items.append({"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                      "status": "completed"})
-    if not items:
-        # An empty generation (e.g. only an end-of-turn token) is still a turn with tokens.
-        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
-                      "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]})
-    items[-1].update(prompt_token_ids=result.prompt_token_ids, generation_token_ids=result.generation_token_ids,
-                     generation_log_probs=result.generation_log_probs)
-    if result.generation_forced is not None:
-        items[-1]["generation_forced"] = result.generation_forced
-    if result.generation_constrained is not None:
-        items[-1]["generation_constrained"] = result.generation_constrained
-    return items
-
-
-def chat_completion(result: GenerationResult, model: str, *, with_logprobs: bool) -> dict[str, Any]:
-    """A Chat Completions answer shaped like vLLM's, with token ids (and logprobs when asked)."""
-    message: dict[str, Any] = {"role": "assistant", "content": result.text or None}
-    if result.tool_calls:
-        message["tool_calls"] = result.tool_calls
-    logprobs = None
-    if with_logprobs:
-        logprobs = {"content": [{"token": f"token_id:{token}", "logprob": logprob, "bytes": None, "top_logprobs": []}
-                                for token, logprob in zip(result.generation_token_ids, result.generation_log_probs)]}
-    return {
-        "id": f"chatcmpl-{secrets.token_hex(12)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "prompt_token_ids": result.prompt_token_ids,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason,
-                     "token_ids": result.generation_token_ids}],
-        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                  "total_tokens": result.prompt_tokens + result.completion_tokens},
-    }

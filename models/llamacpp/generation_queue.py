@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollgym.local_model import deliver
+
 from .engine import GenerationResult, LlamaEngine
 
 __all__ = ["GenerationQueue"]
@@ -113,16 +115,4 @@ class GenerationQueue:
                 # A broken hook must not kill the only worker thread.
                 with contextlib.suppress(Exception):
                     self._on_result(job.kwargs, outcome)
-            # RuntimeError: the event loop is closed; nobody is waiting any more.
-            with contextlib.suppress(RuntimeError):
-                job.loop.call_soon_threadsafe(self._deliver, job.future, outcome)
-
-    @staticmethod
-    def _deliver(future: asyncio.Future[GenerationResult], outcome: GenerationResult | BaseException) -> None:
-        """Runs on the event loop: complete the future unless it was cancelled meanwhile."""
-        if future.done():
-            return
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+            deliver(job.loop, job.future, outcome)

@@ -5,30 +5,35 @@ The same contract as the embedded model (models/llamacpp): `/v1/responses` and
 `generation_log_probs` (processed: of the distribution sampled from), the `sampling` record and
 `model_version`; a turn that echoes the previous turn's items is built on exactly those tokens;
 PEFT LoRA adapters load and unload while serving (vLLM's routes), and a request's `model` picks one.
-Generation is batched on one worker thread (engine.py). See README.md.
+Generation is continuously batched on one worker thread (batching.py): a request joins the running
+batch at the next step, within a KV budget; past `max_queue` waiting requests the answer is 429 with
+Retry-After. `POST /update_weights_from_disk` (SGLang's route) reloads the full weights from a
+checkpoint folder and bumps `model_version`. See README.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
+import math
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from pydantic import Field
 
-from rollgym import BadRequest, ModelServer, ResponsesCreateParams, ServerConfig, build_response
-from rollgym.adapters import Adapter, LoadLoraAdapterRequest
-from rollgym.chat_conversion import ConversionError, responses_to_chat_request
-from rollgym.scoring import ScoreRequest, check_vocabulary, score_answer
-from rollgym.sequences import previous_turn
-from rollgym.server import JSONBytesResponse, read_json
+from rollgym import BadRequest, ServerConfig
+from rollgym.adapters import Adapter, LoadLoraAdapterRequest, UpdateWeightsFromDiskRequest, content_digest
+from rollgym.errors import ContextLengthError, ServerStartError
+from rollgym.local_model import LocalModelServer, Turn
+from rollgym.scoring import ScoreRequest
+from rollgym.server import JSONBytesResponse, parse_body, read_json
 from rollgym.tool_calls import parse_hermes_tool_calls
 
 from .chat_format import resolve_tool_choice
-from .engine import BatchQueue, ContextLengthError, Engine, Generation, GenerationRequest, pick_device, pick_dtype
+from .batching import QueueFull, Scheduler
+from .engine import Engine, Generation, GenerationRequest, pick_device, pick_dtype
+from .weights import WeightLoadError, load_weights
 
 
 class TransformersConfig(ServerConfig):
@@ -38,7 +43,14 @@ class TransformersConfig(ServerConfig):
     device: str = Field(default="auto", description="auto: cuda when available, else cpu; or cpu, cuda, cuda:1, mps")
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(default="auto", description="auto: bf16 on cuda, else fp32")
     n_ctx: int = Field(default=4096, ge=64, description="prompt + generation tokens of one request")
-    max_batch: int = Field(default=32, ge=1, description="requests generated together in one wave")
+    max_batch: int = Field(default=32, ge=1, description="requests decoded together (the slots of the KV cache)")
+    kv_tokens: int | None = Field(default=None, ge=64, description="the KV cache's budget in tokens, split evenly "
+                                  "among the max_batch slots (a request's prompt + generation fit in one); "
+                                  "default: max_batch × n_ctx")
+    max_queue: int = Field(default=256, ge=0, description="requests waiting for a slot; one more is answered 429 "
+                                                          "with Retry-After")
+    prefill_tokens: int = Field(default=2048, ge=1, description="prompt tokens of the requests that join the batch "
+                                                              "in one step (one longer prompt joins alone)")
     seed: int = 0
     default_max_output_tokens: int = Field(default=256, ge=1)
     logprobs_mode: Literal["processed", "raw"] = Field(
@@ -46,7 +58,7 @@ class TransformersConfig(ServerConfig):
                                          "raw: log-softmax of the logits, vLLM's default")
 
 
-class TransformersModel(ModelServer):
+class TransformersModel(LocalModelServer):
     config_class = TransformersConfig
     config: TransformersConfig
 
@@ -54,16 +66,23 @@ class TransformersModel(ModelServer):
         config = self.config
         self.model_name = config.model_name or served_name(config.model_path)
         self.engine = await asyncio.to_thread(load_engine, config)
+        self.base_version = self.model_name
         self._keys = 0
-        self.queue = BatchQueue(self.engine, self._select, max_batch=config.max_batch)
+        # The budget in whole slots: each one holds a request's prompt and generation.
+        slot_tokens = min(self.engine.n_ctx, (config.kv_tokens or config.max_batch * config.n_ctx) // config.max_batch)
+        if slot_tokens < 2:
+            raise ServerStartError(f"kv_tokens {config.kv_tokens} leaves no room for {config.max_batch} requests")
+        self.engine.n_ctx = slot_tokens
+        self.queue = Scheduler(self.engine, self._select, max_batch=config.max_batch, slot_tokens=slot_tokens,
+                               max_queue=config.max_queue, prefill_tokens=config.prefill_tokens)
 
-    async def shutdown(self) -> None:
+    def version_of(self, adapter: Adapter | None) -> str:
+        return adapter.version if adapter is not None else getattr(self, "base_version", self.model_names()[0])
+
+    def health_details(self) -> dict[str, Any]:
         queue = getattr(self, "queue", None)
-        if queue is not None:
-            await asyncio.to_thread(queue.close, 5.0)
-
-    def model_names(self) -> list[str]:
-        return [getattr(self, "model_name", self.name)]
+        return {} if queue is None else {"running": len(queue.rows), "waiting": queue.queued,
+                                         "model_version": self.version_of(None)}
 
     # ------------------------------------------------------------------ adapters
 
@@ -107,56 +126,19 @@ class TransformersModel(ModelServer):
 
     # ------------------------------------------------------------------ generation
 
-    async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
-        model, version = (adapter.name if adapter else self.model_name), self.version_of(adapter)
+    async def generate(self, chat: dict[str, Any], previous: Any, adapter: Adapter | None, *,
+                       responses: bool) -> Turn:
+        # Templates and tokenizing off the event loop; ContextLengthError goes to the caller.
+        request, tools = await asyncio.to_thread(self._request, chat, previous, adapter)
         try:
-            chat = responses_to_chat_request(payload)
-            previous = previous_turn(payload)
-            # Not a Responses field, but the sampling record states it: what it states is what is applied.
-            chat["top_k"] = payload.get("top_k")
-        except ConversionError as exc:
-            raise BadRequest(str(exc), field=exc.field) from None
-        try:  # templates and tokenizing: off the event loop
-            request, tools = await asyncio.to_thread(self._request, chat, previous, adapter)
-        except ContextLengthError:
-            return build_response(payload, [], model=model, status="incomplete",
-                                  incomplete_details={"reason": "max_output_tokens"}, model_version=version)
-        result = await self.queue.submit(request)
+            result = await self.queue.submit(request)
+        except QueueFull as exc:  # the client's retry policy (rollgym's retries 429) decides when to come back
+            raise HTTPException(429, str(exc), headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
         text, calls = self._parse(result, tools)
-        output = output_items(text, calls, request, result)
-        usage = {"input_tokens": len(request.prompt_ids), "output_tokens": len(result.token_ids)}
-        incomplete = result.finish_reason == "length"
-        return build_response(payload, output, model=model, usage=usage,
-                              status="incomplete" if incomplete else "completed",
-                              incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-                              model_version=version, logprobs_mode=self._logprobs_mode(chat))
-
-    async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
-        try:
-            request, tools = await asyncio.to_thread(self._request, payload, None, adapter)
-        except ContextLengthError as exc:
-            raise BadRequest(str(exc), field="messages") from None
-        result = await self.queue.submit(request)
-        text, calls = self._parse(result, tools)
-        message: dict[str, Any] = {"role": "assistant", "content": text or None}
-        if calls:
-            message["tool_calls"] = calls
-        logprobs = None
-        if payload.get("logprobs"):
-            logprobs = {"content": [{"token": f"token_id:{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                                    for t, lp in zip(result.token_ids, result.logprobs)]}
-        finish = "tool_calls" if calls else result.finish_reason
-        return {
-            "id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-            "model": adapter.name if adapter else self.model_name, "prompt_token_ids": request.prompt_ids,
-            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish,
-                         "token_ids": result.token_ids}],
-            "usage": {"prompt_tokens": len(request.prompt_ids), "completion_tokens": len(result.token_ids),
-                      "total_tokens": len(request.prompt_ids) + len(result.token_ids)},
-            "model_version": self.version_of(adapter),
-        }
+        finish = "tool_calls" if calls and not responses else result.finish_reason
+        return Turn(text=text, tool_calls=calls, finish_reason=finish, prompt_token_ids=request.prompt_ids,
+                    generation_token_ids=result.token_ids, generation_log_probs=result.logprobs,
+                    generation_forced=result.forced)
 
     def _request(self, chat: dict[str, Any], previous: Any,
                  adapter: Adapter | None) -> tuple[GenerationRequest, list[Any]]:
@@ -205,53 +187,41 @@ class TransformersModel(ModelServer):
             text, calls = parse_hermes_tool_calls(text)
         return text.strip(), calls
 
-    def _logprobs_mode(self, chat: dict[str, Any]) -> str:
-        """Greedy decoding has no sampled distribution: its logprobs stay raw."""
-        greedy = chat.get("temperature") is not None and float(chat["temperature"]) <= 0
-        return "raw" if greedy else self.config.logprobs_mode
-
-    async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:
-        """Teacher-forced logprobs of the completion tokens, on the worker thread under the adapter's weights."""
-        check_vocabulary(request, self.engine.n_vocab, self.name)
+    def score_logprobs(self, request: ScoreRequest, adapter: Adapter | None) -> list[float]:
+        """Teacher-forced logprobs of the completion tokens, under the adapter's weights."""
         if len(request.all_ids) > self.engine.n_ctx:
-            raise BadRequest(f"{len(request.all_ids)} tokens exceed n_ctx {self.engine.n_ctx}", field="completion_token_ids")
+            raise ContextLengthError(len(request.all_ids), self.engine.n_ctx)
+        self._select(adapter.handle if adapter else None)
+        return score_tokens(self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature)
 
-        def run() -> list[float]:
-            self._select(adapter.handle if adapter else None)
-            return score_tokens(self.engine, request.prompt_token_ids, request.completion_token_ids, request.temperature)
-
-        logprobs = await self.queue.run(run)
-        return score_answer(request, logprobs, model=adapter.name if adapter else self.model_name,
-                            version=self.version_of(adapter), vocab_size=self.engine.n_vocab)
+    async def reload_weights(self, folder: str, version: str | None) -> dict[str, Any]:
+        """Replace the base weights with a checkpoint's, after the running batch drains; a new `model_version`."""
+        started = time.perf_counter()
+        try:
+            count = await self.queue.run(lambda: load_weights(self.engine.model, folder))
+        except WeightLoadError as exc:
+            raise BadRequest(str(exc), field="model_path", status=400) from None
+        self.base_version = version or f"{self.model_name}@{await asyncio.to_thread(content_digest, folder)}"
+        return {"success": True, "message": f"Succeeded to update model weights from {folder}.",
+                "model_version": self.base_version, "tensors": count, "load_s": round(time.perf_counter() - started, 4)}
 
     def add_routes(self, app: FastAPI) -> None:
         super().add_routes(app)
 
-        @app.post("/tokenize")
-        async def tokenize(request: Request) -> JSONBytesResponse:
-            """{"text": str} or {"input": Responses input, "tools", "instructions", "add_generation_prompt"}."""
-            payload = await read_json(request)
-            if isinstance(payload, dict) and isinstance(payload.get("text"), str):
-                ids = self.engine.tokenize(payload["text"])
-                return JSONBytesResponse({"tokens": ids, "count": len(ids)})
-            if not isinstance(payload, dict) or payload.get("input") is None:
-                raise BadRequest("required: 'text' (a string) or 'input' (Responses input items)", field="text")
-            try:
-                chat = responses_to_chat_request({key: payload.get(key) for key in ("input", "instructions", "tools")})
-            except ConversionError as exc:
-                raise BadRequest(str(exc), field=exc.field) from None
-            ids = self.engine.render(chat["messages"], chat.get("tools"),
-                                     add_generation_prompt=payload.get("add_generation_prompt", True) is not False)
-            return JSONBytesResponse({"tokens": ids, "count": len(ids)})
+        @app.post("/update_weights_from_disk")
+        async def update_weights_from_disk(request: Request) -> JSONBytesResponse:
+            """SGLang's route: {"model_path": a checkpoint folder, "weight_version"?} -> the new model_version."""
+            body = parse_body(UpdateWeightsFromDiskRequest, await read_json(request))
+            return JSONBytesResponse(await self.reload_weights(body.model_path, body.weight_version))
 
-        @app.post("/detokenize")
-        async def detokenize(request: Request) -> JSONBytesResponse:
-            payload = await read_json(request)
-            tokens = payload.get("tokens") if isinstance(payload, dict) else None
-            if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < self.engine.n_vocab
-                                                       for t in tokens):
-                raise BadRequest(f"required: a list of token ids in [0, {self.engine.n_vocab})", field="tokens")
-            return JSONBytesResponse({"text": self.engine.detokenize(tokens)})
+    def tokenize_text(self, text: str) -> list[int]:
+        return self.engine.tokenize(text)
+
+    def render_ids(self, messages: Any, tools: Any, add_generation_prompt: bool) -> list[int]:
+        return self.engine.render(messages, tools, add_generation_prompt=add_generation_prompt)
+
+    def detokenize(self, ids: Any) -> str:
+        return self.engine.detokenize(ids)
 
 
 class AdapterLoadError(ValueError):
@@ -308,27 +278,6 @@ def drop_peft(engine: Engine, key: str) -> None:
         del model.peft_config
         model._hf_peft_config_loaded = False
     engine.adapter_keys.discard(key)
-
-
-def output_items(text: str, calls: list[dict[str, Any]], request: GenerationRequest,
-                 result: Generation) -> list[dict[str, Any]]:
-    """Responses output items of one generation; the token record goes on the last one."""
-    items: list[dict[str, Any]] = []
-    if text:
-        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
-                      "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]})
-    for call in calls:
-        items.append({"type": "function_call", "id": f"fc_{secrets.token_hex(12)}", "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-                      "status": "completed"})
-    if not items:
-        items.append({"type": "message", "id": f"msg_{secrets.token_hex(12)}", "role": "assistant",
-                      "status": "completed", "content": [{"type": "output_text", "text": "", "annotations": []}]})
-    items[-1].update(prompt_token_ids=request.prompt_ids, generation_token_ids=result.token_ids,
-                     generation_log_probs=result.logprobs)
-    if result.forced is not None:
-        items[-1]["generation_forced"] = result.forced
-    return items
 
 
 def score_tokens(engine: Engine, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]:

@@ -1,47 +1,36 @@
-"""Batched generation on a Hugging Face transformers model, with the token record RL trains on.
-
-One worker thread owns the model (`BatchQueue`). It takes the requests waiting for it in waves: a
-wave is the requests at the head of the queue that use the same weights (the base or one LoRA
-adapter), at most `max_batch`; their prompts are left-padded into one batch, prefilled together and
-decoded together with a KV cache, a row leaving the batch when it ends. Adapter loads and unloads
-queue like requests, so a request keeps the weights it arrived under.
+"""A Hugging Face transformers model and its tokenizer, with the token record RL trains on: prompts
+(chat templates, the next turn built on the previous turn's exact tokens) and per-row sampling.
 
 Sampling is done here, per row, rather than by `generate` or transformers' continuous batching:
 each request brings its own temperature, top-p, top-k and seed (its draws come from its own
-generator, so a seed reproduces a generation whatever else shares the wave), greedy and sampled
-requests share a wave, and each token's logprob is read from the very distribution it was drawn
-from. That distribution is the one vLLM and transformers sample from: logits / temperature, then
-the top-k, then the top-p nucleus of what is left, renormalised (`processed` logprobs); `raw` mode
-reports log-softmax of the logits instead. Greedy rows (temperature 0) report raw logprobs.
+generator, so a seed reproduces a generation whatever else shares the batch), greedy and sampled
+requests share a batch, forced tokens (a named tool call) are put in place of a draw, and each
+token's logprob is read from the very distribution it was drawn from. That distribution is the one
+vLLM and transformers sample from: logits / temperature, then the top-k, then the top-p nucleus of
+what is left, renormalised (`processed` logprobs). Greedy rows (temperature 0) report raw logprobs.
+The batching itself is batching.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import inspect
 import random
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rollgym.errors import ContextLengthError
 from rollgym.sequences import extend_tokens
 
-from .chat_format import call_closed, native_messages, plain_messages
+from .chat_format import native_messages, plain_messages
 
-__all__ = ["BatchQueue", "ContextLengthError", "Engine", "Generation", "GenerationRequest", "pick_device", "pick_dtype"]
+__all__ = ["ContextLengthError", "Engine", "Generation", "GenerationRequest", "pick_device", "pick_dtype"]
 
 FLOOR_LOGPROB = -103.616  # log(1e-45), as the embedded model clamps: a forced token outside the sampled support
-
-
-class ContextLengthError(ValueError):
-    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
-        super().__init__(f"prompt is {prompt_tokens} tokens but the context window is {n_ctx} tokens")
-        self.prompt_tokens, self.n_ctx = prompt_tokens, n_ctx
 
 
 def pick_device(name: str) -> torch.device:
@@ -82,10 +71,11 @@ class Generation:
     forced: list[int] | None
     finish_reason: str  # stop | length | abort
     stop_cut: int | None = None  # characters of the decoded text before a matched stop string
+    first_token_at: float | None = None  # time.perf_counter() when its first token was picked (time to first token)
 
 
 class Engine:
-    """A causal LM and its tokenizer on one device; `generate` runs one wave (one thread at a time)."""
+    """A causal LM and its tokenizer on one device (used by one thread at a time: batching.Scheduler)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, n_ctx: int, seed: int = 0) -> None:
         self.model = model.eval()
@@ -165,109 +155,47 @@ class Engine:
     def new_seed(self) -> int:
         return self._rng.getrandbits(31)
 
-    # ------------------------------------------------------------------ generation
+    # ------------------------------------------------------------------ sampling
 
-    @torch.inference_mode()
-    def generate(self, requests: list[GenerationRequest]) -> list[Generation]:
-        """Run one wave: every request uses the same weights (already selected)."""
-        for request in requests:
-            if len(request.prompt_ids) > self.n_ctx - 1:
-                raise ContextLengthError(len(request.prompt_ids), self.n_ctx)
-        device = self.device
-        rows = len(requests)
-        limits = [max(0, min(r.max_tokens, self.n_ctx - len(r.prompt_ids))) for r in requests]
-        results = [Generation([], [], [] if r.forced_ids else None, "length") for r in requests]
-        live = [i for i in range(rows) if limits[i] > 0]
-        if not live:
-            return results
-        generators = [torch.Generator().manual_seed(r.seed if r.seed is not None else self.new_seed()) for r in requests]
+    def pick(self, logits: torch.Tensor, requests: list[GenerationRequest], generators: list[torch.Generator],
+             pending: list[collections.deque[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The next token of each row (on the device), its logprob, and whether it was forced (popped from
+        `pending`). No copy to the host: the caller copies tokens and logprobs once."""
+        device, vocab = logits.device, logits.shape[-1]
+        greedy_rows = [r.temperature <= 0 for r in requests]
         temperature = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in requests], device=device)
-        greedy = torch.tensor([r.temperature <= 0 for r in requests], device=device)
-        top_p = torch.tensor([r.top_p for r in requests], device=device)
-        top_k = [r.top_k for r in requests]
-        stops = [[s for s in r.stop if s] for r in requests]
-        pending = [collections.deque(r.forced_ids) for r in requests]  # tokens to force next, row by row
-        closing = [bool(r.closing_ids) for r in requests]  # still waiting for its call to close
-
-        width = max(len(requests[i].prompt_ids) for i in live)
-        ids = torch.full((len(live), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(live), width), dtype=torch.long)
-        for row, i in enumerate(live):
-            prompt = requests[i].prompt_ids
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1, **{self._cache_arg: cache})
-        index = torch.tensor(live, device=device)
-        while True:
-            logits = out.logits[:, -1, :].float()
-            tokens, logprobs, forced = self._pick(logits, index, temperature, greedy, top_p, top_k, generators,
-                                                  [pending[i] for i in live])
-            keep: list[int] = []
-            chosen = tokens.tolist()  # one copy to the host per step
-            for row, i in enumerate(live):
-                token = chosen[row]
-                result = results[i]
-                result.token_ids.append(token)
-                result.logprobs.append(logprobs[row])
-                if result.forced is not None:
-                    result.forced.append(forced[row])
-                if closing[i] and not forced[row] and call_closed(self.detokenize(result.token_ids)):
-                    closing[i] = False
-                    pending[i].extend(requests[i].closing_ids)
-                if token in self.eog_ids:
-                    result.finish_reason = "stop"
-                elif stops[i] and self._stopped(result, stops[i]):
-                    result.finish_reason = "stop"
-                elif len(result.token_ids) >= limits[i]:
-                    result.finish_reason = "length"
-                elif requests[i].cancel.is_set():
-                    result.finish_reason = "abort"
-                else:
-                    keep.append(row)
-            if not keep:
-                return results
-            if len(keep) < len(live):
-                selected = torch.tensor(keep, device=device)
-                for layer in cache.layers:
-                    layer.batch_select_indices(selected)
-                mask, positions, tokens = mask[selected], positions[selected], tokens[selected]
-                live = [live[row] for row in keep]
-                index = index[selected]
-            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
-            positions = positions[:, -1:] + 1
-            out = self.model(input_ids=tokens.view(-1, 1), attention_mask=mask, position_ids=positions,
-                             use_cache=True, **{self._cache_arg: cache})
-
-    def _pick(self, logits: torch.Tensor, index: torch.Tensor, temperature: torch.Tensor, greedy: torch.Tensor,
-              top_p: torch.Tensor, top_k: list[int], generators: list[torch.Generator],
-              pending: list[collections.deque[int]]) -> tuple[torch.Tensor, list[float], list[int]]:
-        """The next token of each live row, its logprob, and whether it was forced."""
-        raw = torch.log_softmax(logits, dim=-1)
-        processed = processed_logprobs(logits, temperature[index], top_p[index], [top_k[i] for i in index.tolist()])
+        top_p = [r.top_p for r in requests]
         # One uniform draw per row from the row's own generator: a seed reproduces the row's tokens.
-        uniform = torch.stack([torch.rand((), generator=generators[i]) for i in index.tolist()]).to(logits.device)
-        cdf = processed.exp().cumsum(dim=-1)
-        draws = uniform.clamp_min(1e-12).unsqueeze(-1) * cdf[:, -1:]
-        sampled = torch.searchsorted(cdf, draws).squeeze(-1).clamp_max(logits.shape[-1] - 1)
-        row_greedy = greedy[index]
-        tokens = torch.where(row_greedy, logits.argmax(dim=-1), sampled)
-        flags = []
-        for row, queue in enumerate(pending):
-            flags.append(int(bool(queue)))
-            if queue:
-                tokens[row] = queue.popleft()
+        uniform = torch.stack([torch.rand((), generator=g) for g in generators]).to(device).clamp_min(1e-12)
+        plain = all(p >= 1 for p in top_p) and not any(0 < r.top_k < vocab for r in requests)
+        if plain:
+            # Nothing truncated: the distribution is softmax(logits / T); only the chosen tokens' logprobs are read.
+            scores = logits / temperature.unsqueeze(-1)
+            peak = scores.amax(dim=-1, keepdim=True)
+            cdf = (scores - peak).exp_().cumsum_(dim=-1)
+            norm = peak + cdf[:, -1:].log()
+            logprob_of = lambda chosen: (scores.gather(-1, chosen) - norm).squeeze(-1)  # noqa: E731
+        else:
+            processed = processed_logprobs(logits, temperature, torch.tensor(top_p, device=device),
+                                           [r.top_k for r in requests], top_p_host=top_p)
+            cdf = processed.exp().cumsum(dim=-1)
+            logprob_of = lambda chosen: processed.gather(-1, chosen).squeeze(-1)  # noqa: E731
+        tokens = torch.searchsorted(cdf, uniform.unsqueeze(-1) * cdf[:, -1:]).squeeze(-1).clamp_max(vocab - 1)
+        greedy = torch.tensor(greedy_rows, device=device)
+        if any(greedy_rows):
+            tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+        flags = [int(bool(queue)) for queue in pending]
+        if any(flags):
+            forced = torch.tensor([queue.popleft() if queue else 0 for queue in pending], device=device)
+            tokens = torch.where(torch.tensor(flags, device=device, dtype=torch.bool), forced, tokens)
         chosen = tokens.unsqueeze(-1)
-        logprobs = torch.where(row_greedy, raw.gather(-1, chosen).squeeze(-1),
-                               processed.gather(-1, chosen).squeeze(-1)).clamp_min(FLOOR_LOGPROB)
-        return tokens, logprobs.tolist(), flags
+        logprobs = logprob_of(chosen)
+        if any(greedy_rows) and not plain:  # greedy rows report raw logprobs (T = 1 makes the plain ones raw)
+            logprobs = torch.where(greedy, torch.log_softmax(logits, dim=-1).gather(-1, chosen).squeeze(-1), logprobs)
+        return tokens, logprobs.clamp_min(FLOOR_LOGPROB), flags
 
-    def _stopped(self, result: Generation, stops: list[str]) -> bool:
+    def stopped(self, result: Generation, stops: list[str]) -> bool:
+        """Whether the decoded text holds a stop string (its position goes to `stop_cut`)."""
         text = self.detokenize([t for t in result.token_ids if t not in self.eog_ids])
         hits = [p for p in (text.find(s) for s in stops) if p >= 0]
         if hits:
@@ -276,16 +204,17 @@ class Engine:
 
 
 def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                       top_k: list[int]) -> torch.Tensor:
+                       top_k: list[int], top_p_host: list[float] | None = None) -> torch.Tensor:
     """Log-probabilities of the distribution sampled from, row by row: logits / temperature, the top-k,
-    then the smallest set of the likeliest remaining tokens whose mass reaches top-p; -inf outside."""
+    then the smallest set of the likeliest remaining tokens whose mass reaches top-p; -inf outside.
+    `top_p_host`: the same top-p values as a list, which spares a copy from the device."""
     scores = logits / temperature.unsqueeze(-1)
     vocab = scores.shape[-1]
     if any(0 < k < vocab for k in top_k):
         ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=scores.device)
         kth = scores.sort(dim=-1, descending=True).values.gather(-1, (ks - 1).unsqueeze(-1))
         scores = scores.masked_fill(scores < kth, float("-inf"))
-    if bool((top_p < 1).any()):
+    if (any(p < 1 for p in top_p_host) if top_p_host is not None else bool((top_p < 1).any())):
         ordered, order = scores.sort(dim=-1, descending=True)
         probs = ordered.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass of the likelier tokens
@@ -293,126 +222,3 @@ def processed_logprobs(logits: torch.Tensor, temperature: torch.Tensor, top_p: t
         drop[:, 0] = False
         scores = scores.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return torch.log_softmax(scores, dim=-1)
-
-
-@dataclass
-class _Job:
-    request: GenerationRequest | None
-    call: Callable[[], Any] | None
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-
-
-class BatchQueue:
-    """The one thread that touches the model: waves of requests with the same weights, FIFO otherwise.
-
-    `select(adapter)` is called on that thread before each wave to put the wave's weights in place."""
-
-    def __init__(self, engine: Engine, select: Callable[[str | None], None], max_batch: int = 32) -> None:
-        self.engine = engine
-        self.select = select
-        self.max_batch = max_batch
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._ready = threading.Condition()
-        self._closed = False
-        self.running = False
-        self.waves = 0
-        self.largest_wave = 0
-        self._thread = threading.Thread(target=self._worker, name="transformers-engine", daemon=True)
-        self._thread.start()
-
-    @property
-    def queued(self) -> int:
-        return len(self._jobs)
-
-    async def submit(self, request: GenerationRequest) -> Generation:
-        try:
-            return await self._put(request, None)
-        except asyncio.CancelledError:
-            request.cancel.set()  # a queued request is skipped, a running one leaves at its next token
-            raise
-
-    async def run(self, call: Callable[[], Any]) -> Any:
-        """`call()` on the worker thread, after every request queued before it."""
-        return await self._put(None, call)
-
-    async def _put(self, request: GenerationRequest | None, call: Callable[[], Any] | None) -> Any:
-        if self._closed:
-            raise RuntimeError("the generation queue is closed")
-        loop = asyncio.get_running_loop()
-        job = _Job(request, call, loop, loop.create_future())
-        with self._ready:
-            self._jobs.append(job)
-            self._ready.notify()
-        return await job.future
-
-    def close(self, timeout: float | None = None) -> None:
-        with self._ready:
-            self._closed = True
-            self._ready.notify()
-        self._thread.join(timeout)
-
-    def _next_wave(self) -> list[_Job] | None:
-        """The jobs to run next: one call, or the queued requests before the next call with the first one's weights."""
-        with self._ready:
-            while not self._jobs and not self._closed:
-                self._ready.wait()
-            if not self._jobs:
-                return None
-            if self._jobs[0].call is not None:
-                return [self._jobs.popleft()]
-            adapter = self._jobs[0].request.adapter  # type: ignore[union-attr]
-            wave: list[_Job] = []
-            for job in list(self._jobs):
-                if job.call is not None or len(wave) >= self.max_batch:
-                    break
-                if job.request.adapter == adapter:  # type: ignore[union-attr]
-                    wave.append(job)
-                    self._jobs.remove(job)
-            return wave
-
-    def _worker(self) -> None:
-        while (wave := self._next_wave()) is not None:
-            if wave[0].call is not None:
-                self._settle(wave, self._attempt(wave[0].call))
-                continue
-            wave = [job for job in wave if not (job.request.cancel.is_set() or job.future.done())]  # type: ignore[union-attr]
-            if not wave:
-                continue
-            self.running = True
-            self.waves += 1
-            self.largest_wave = max(self.largest_wave, len(wave))
-            requests = [job.request for job in wave]
-
-            def run_wave() -> list[Generation]:
-                self.select(requests[0].adapter)  # type: ignore[union-attr]
-                return self.engine.generate(requests)  # type: ignore[arg-type]
-
-            outcome = self._attempt(run_wave)
-            self.running = False
-            if isinstance(outcome, BaseException):
-                self._settle(wave, outcome)
-            else:
-                for job, result in zip(wave, outcome):
-                    self._settle([job], result)
-
-    @staticmethod
-    def _attempt(call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except Exception as error:  # delivered to the awaiting request(s)
-            return error
-
-    @staticmethod
-    def _settle(jobs: list[_Job], outcome: Any) -> None:
-        def deliver(future: asyncio.Future[Any]) -> None:
-            if future.done():
-                return
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-
-        for job in jobs:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                job.loop.call_soon_threadsafe(deliver, job.future)

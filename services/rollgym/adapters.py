@@ -47,6 +47,15 @@ class LoadLoraAdapterRequest(BaseModel):
     load_inplace: bool = False
 
 
+class UpdateWeightsFromDiskRequest(BaseModel):
+    """SGLang's `/update_weights_from_disk` body: a checkpoint folder the server reads, and the version to call it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_path: str = Field(min_length=1, max_length=4096)
+    weight_version: str | None = Field(default=None, min_length=1, max_length=256)
+
+
 class UnloadLoraAdapterRequest(BaseModel):
     """vLLM's `UnloadLoRAAdapterRequest` (`lora_int_id` is accepted and ignored, as vLLM does)."""
 
@@ -245,5 +254,6 @@ async def listed_version(registry: Mapping[str, Any], server: str, name: str | N
 
 
 __all__ = ["Adapter", "AdapterRefused", "AdapterRegistry", "LoadLoraAdapterRequest", "UnloadLoraAdapterRequest",
+           "UpdateWeightsFromDiskRequest",
            "base_card", "content_digest", "listed_version", "load_everywhere", "model_card", "publish",
            "stamp_version"]

@@ -65,3 +65,16 @@ class LaunchError(Exception):
 
 class ConfigError(Exception):
     """A stack configuration problem, phrased for the user (file and key included)."""
+
+
+class ContextLengthError(ValueError):
+    """A prompt that leaves no room for one generated token in a model's context window (an in-process
+    model server answers a Responses request `status: incomplete`, a chat request 422 naming `messages`)."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+        super().__init__(
+            f"prompt is {prompt_tokens} tokens but the context window is {n_ctx} tokens "
+            f"(at most {n_ctx - 1} prompt tokens leave room for one generated token)"
+        )

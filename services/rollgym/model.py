@@ -168,8 +168,8 @@ class ModelServer(BaseServer):
         @app.get("/v1/models")
         async def models() -> JSONBytesResponse:
             base = self.model_names()
-            data = [{"id": name, "object": "model", "created": 0, "owned_by": "rollgym", "model_version": name}
-                    for name in base]
+            data = [{"id": name, "object": "model", "created": 0, "owned_by": "rollgym",
+                     "model_version": self.version_of(None) if name == base[0] else name} for name in base]
             data += [model_card(adapter, base[0]) for adapter in self.adapters.all()]
             return JSONBytesResponse({"object": "list", "data": data})
 

@@ -300,7 +300,7 @@ class BaseServer:
             app.add_middleware(BearerAuthMiddleware, token=self.config.auth_token, open_prefixes=self.own_auth_prefixes)
 
         @app.get("/health")
-        async def health() -> dict[str, str]:
+        async def health() -> dict[str, Any]:
             return {"status": "ok", "name": self.name, "role": self.role, **self.health_details()}
 
         self.add_routes(app)
@@ -314,7 +314,7 @@ class BaseServer:
             guarded = BearerAuthMiddleware(guarded, token=self.config.auth_token, open_prefixes=self.own_auth_prefixes)
         return guarded
 
-    def health_details(self) -> dict[str, str]:
+    def health_details(self) -> dict[str, Any]:
         """Extra fields of `GET /health` (an agent says which model server it samples from)."""
         return {}
 

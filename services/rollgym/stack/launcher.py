@@ -42,6 +42,7 @@ from ..client import ServerAddress
 from ..config import StackConfig
 from ..errors import LaunchError
 from ..processes import die_with_parent
+from .backend import StackBackend, wait_healthy
 
 
 def _in_child() -> None:
@@ -59,7 +60,7 @@ def replica_name(name: str, index: int, replicas: int) -> str:
     return name if replicas == 1 else f"{name}[{index}]"
 
 
-class Stack:
+class Stack(StackBackend):
     """A running stack: `with Stack(config) as registry: ...` or `start()` / `stop()`."""
 
     def __init__(
@@ -71,61 +72,44 @@ class Stack:
         registry: Mapping[str, ServerAddress] | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        self.config = config
+        super().__init__(config, log=log)
         self.python = python or sys.executable
         self.fork = fork and python is None
         # Servers this stack does not start but its servers may call (e.g. other containers).
         self.external_registry: dict[str, ServerAddress] = dict(registry or {})
-        self.registry: dict[str, ServerAddress] = {}
         # One entry per replica: the server's name, or `name[i]` for a server with several replicas.
         self.processes: dict[str, subprocess.Popen | ForkedServer] = {}
-        self.startup_s: float | None = None
-        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
         self._sockets: dict[str, socket.socket] = {}
         self._replica_of: dict[str, tuple[str, int]] = {}  # process name -> (server name, index)
         self._replica_urls: dict[str, str] = {}
-        self._reported: set[str] = set()
         self._state_dir: tempfile.TemporaryDirectory | None = None
 
-    def __enter__(self) -> dict[str, ServerAddress]:
-        return self.start()
+    def _launch(self, timeout_s: float) -> None:
+        """Bind every replica's socket, fork (or spawn) its child, and wait until all answer /health."""
+        self._bind_sockets()
+        stack_file, stack = self._write_stack_file()
+        use_fork = (self.fork and hasattr(os, "fork") and threading.active_count() == 1
+                    and "torch" not in sys.modules)
+        if use_fork:
+            from . import serve
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def start(self, timeout_s: float = 120.0) -> dict[str, ServerAddress]:
-        """Start every server and wait until all answer /health; returns the registry."""
-        started = time.perf_counter()
-        try:
-            self._bind_sockets()
-            stack_file, stack = self._write_stack_file()
-            use_fork = (self.fork and hasattr(os, "fork") and threading.active_count() == 1
-                        and "torch" not in sys.modules)
+            serve.preload(stack)
+        for process_name, sock in self._sockets.items():
+            name, index = self._replica_of[process_name]
+            fd = sock.fileno()
             if use_fork:
-                from . import serve
-
-                serve.preload(stack)
-            for process_name, sock in self._sockets.items():
-                name, index = self._replica_of[process_name]
-                fd = sock.fileno()
-                if use_fork:
-                    self.processes[process_name] = ForkedServer(
-                        stack, name, sock, list(self._sockets.values()), replica=index
-                    )
-                else:
-                    self.processes[process_name] = subprocess.Popen(
-                        [self.python, "-m", "rollgym.stack.serve", stack_file, name, "--fd", str(fd), "--replica", str(index)],
-                        pass_fds=(fd,),
-                        preexec_fn=_in_child if os.name == "posix" else None,
-                    )
-            for sock in self._sockets.values():
-                sock.close()  # the children hold their copies
-            asyncio.run(self._wait_healthy(timeout_s))
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.perf_counter() - started
-        return self.registry
+                self.processes[process_name] = ForkedServer(
+                    stack, name, sock, list(self._sockets.values()), replica=index
+                )
+            else:
+                self.processes[process_name] = subprocess.Popen(
+                    [self.python, "-m", "rollgym.stack.serve", stack_file, name, "--fd", str(fd), "--replica", str(index)],
+                    pass_fds=(fd,),
+                    preexec_fn=_in_child if os.name == "posix" else None,
+                )
+        for sock in self._sockets.values():
+            sock.close()  # the children hold their copies
+        asyncio.run(self._wait_healthy(timeout_s))
 
     def _bind_sockets(self) -> None:
         for name, spec in self.config.servers.items():
@@ -147,6 +131,7 @@ class Stack:
                 sock.set_inheritable(True)
                 self._sockets[process_name] = sock
                 self._replica_of[process_name] = (name, index)
+                self._server_of[process_name] = name
                 reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
                 if ":" in reach:
                     reach = f"[{reach}]"
@@ -178,47 +163,11 @@ class Stack:
             await asyncio.gather(*(self._wait_one(http, name, deadline) for name in self.processes))
 
     async def _wait_one(self, http: aiohttp.ClientSession, name: str, deadline: float) -> None:
-        address = self.registry[self._replica_of[name][0]]
-        url = self._replica_urls[name]
-        headers = {"Authorization": f"Bearer {address.auth_token}"} if address.auth_token else {}
-        while True:
-            code = self.processes[name].poll()
-            if code is not None:
-                raise LaunchError(f"server '{name}' exited with code {code} before it was ready (see its error above)")
-            if time.monotonic() > deadline:
-                raise LaunchError(f"server '{name}' did not answer /health at {url} in time")
-            try:
-                timeout = aiohttp.ClientTimeout(total=min(1.0, max(0.05, deadline - time.monotonic())))
-                async with http.get(url + "/health", headers=headers, timeout=timeout) as reply:
-                    if reply.status == 200:
-                        return
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                pass
-            await asyncio.sleep(0.01)
+        await wait_healthy(http, name, self._replica_urls[name], self.registry[self._replica_of[name][0]], deadline,
+                           exited=self.processes[name].poll)
 
-    def dead(self) -> tuple[str, int] | None:
-        """(name, exit code) of a server all of whose replicas have exited, if any.
-
-        A replica that exits while others of its server live is reported (once) through `log`."""
-        exited: dict[str, list[tuple[str, int]]] = {}
-        for process_name, process in self.processes.items():
-            code = process.poll()
-            if code is not None:
-                exited.setdefault(self._replica_of[process_name][0], []).append((process_name, code))
-        for name, gone in exited.items():
-            replicas = self.config.servers[name].replicas
-            if len(gone) == replicas:
-                return name, gone[0][1]
-            for process_name, code in gone:
-                if process_name not in self._reported:
-                    self._reported.add(process_name)
-                    self.log(f"rollgym: replica '{process_name}' exited with code {code}; "
-                             f"{replicas - len(gone)} of {replicas} replicas of '{name}' left")
-        return None
-
-    def replicas(self, name: str) -> list[str]:
-        """The process names of a server's replicas (`[name]` for a single one)."""
-        return [process_name for process_name, (server, _) in self._replica_of.items() if server == name]
+    def _exit_codes(self) -> dict[str, int]:
+        return {name: code for name, process in self.processes.items() if (code := process.poll()) is not None}
 
     def replica_url(self, process_name: str) -> str:
         """The URL one replica listens on."""
@@ -245,11 +194,9 @@ class Stack:
             self._state_dir.cleanup()
             self._state_dir = None
 
-    def kill(self, name: str) -> None:
-        """SIGKILL one replica (`name[i]`), or every replica of a server (used by fault tests)."""
-        for process_name in [name] if name in self.processes else self.replicas(name):
-            self.processes[process_name].kill()
-            self.processes[process_name].wait()
+    def _kill_one(self, process_name: str) -> None:
+        self.processes[process_name].kill()
+        self.processes[process_name].wait()
 
 
 class ForkedServer:

@@ -39,6 +39,7 @@ from ..rollouts.attempts import FailedAttempt
 from ..rollouts.collector import CollectOptions, Collector, Task, check_routes, read_tasks
 from ..rollouts.sink import RolloutSink, scan_output
 from ..config import StackConfig
+from .backend import StackBackend, wait_healthy
 from .launcher import LaunchError, replica_name
 from ..server import is_loopback
 
@@ -143,57 +144,44 @@ def _server_actor_class() -> Any:
     return import_ray().remote(_ServerReplica)
 
 
-class RayStack:
+class RayStack(StackBackend):
     """A stack whose servers are Ray actors; the same interface as `launcher.Stack` for the CLI."""
+
+    start_timeout_s = 180.0
 
     def __init__(self, config: StackConfig, address: str | None = None, *,
                  log: Callable[[str], None] | None = None) -> None:
-        self.config = config
+        super().__init__(config, log=log)
         self.address = address
-        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
-        self.registry: dict[str, ServerAddress] = {}
         self.actors: dict[str, Any] = {}  # process name (`name` or `name[i]`) -> actor handle
-        self.startup_s: float | None = None
         self.run_id = secrets.token_hex(3)
-        self._replica_of: dict[str, str] = {}
         self._watch: dict[Any, str] = {}  # pending wait_stopped() ref -> process name
         self._exited: dict[str, int] = {}
-        self._reported: set[str] = set()
         self._connected = False
 
-    def __enter__(self) -> dict[str, ServerAddress]:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def start(self, timeout_s: float = 180.0) -> dict[str, ServerAddress]:
-        """Start every replica as an actor and wait until all answer /health; returns the registry."""
-        started = time.perf_counter()
+    def start(self, timeout_s: float | None = None) -> dict[str, ServerAddress]:
+        """Join the cluster, start every replica as an actor and wait until all answer /health."""
         self._connected = connect(self.address)
-        try:
-            actor_class = _server_actor_class()
-            for name, spec in self.config.servers.items():
-                base_port = int(spec.options.get("port", 0))
-                for index in range(spec.replicas):
-                    process_name = replica_name(name, index, spec.replicas)
-                    self.actors[process_name] = actor_class.options(
-                        name=f"{process_name}@{self.run_id}", namespace=NAMESPACE, scheduling_strategy="SPREAD",
-                        max_concurrency=4, **spec.ray_resources,
-                    ).remote(name, index, base_port + index if base_port else 0)
-                    self._replica_of[process_name] = name
-            addresses = dict(zip(self.actors, self._get([a.address.remote() for a in self.actors.values()], timeout_s)))
-            stack = self._stack_payload(addresses)
-            pending = [self.actors[p].start.remote(stack, timeout_s) for p in self.actors]
-            self._get(pending, timeout_s)
-            for process_name, actor in self.actors.items():
-                self._watch[actor.wait_stopped.remote()] = process_name
-            asyncio.run(self._wait_healthy(timeout_s))
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.perf_counter() - started
-        return self.registry
+        return super().start(timeout_s)
+
+    def _launch(self, timeout_s: float) -> None:
+        actor_class = _server_actor_class()
+        for name, spec in self.config.servers.items():
+            base_port = int(spec.options.get("port", 0))
+            for index in range(spec.replicas):
+                process_name = replica_name(name, index, spec.replicas)
+                self.actors[process_name] = actor_class.options(
+                    name=f"{process_name}@{self.run_id}", namespace=NAMESPACE, scheduling_strategy="SPREAD",
+                    max_concurrency=4, **spec.ray_resources,
+                ).remote(name, index, base_port + index if base_port else 0)
+                self._server_of[process_name] = name
+        addresses = dict(zip(self.actors, self._get([a.address.remote() for a in self.actors.values()], timeout_s)))
+        stack = self._stack_payload(addresses)
+        pending = [self.actors[p].start.remote(stack, timeout_s) for p in self.actors]
+        self._get(pending, timeout_s)
+        for process_name, actor in self.actors.items():
+            self._watch[actor.wait_stopped.remote()] = process_name
+        asyncio.run(self._wait_healthy(timeout_s))
 
     def _get(self, refs: list[Any], timeout_s: float) -> list[Any]:
         ray = import_ray()
@@ -243,22 +231,11 @@ class RayStack:
         deadline = time.monotonic() + timeout_s
         async with aiohttp.ClientSession() as http:
             for name, address in self.registry.items():
-                headers = {"Authorization": f"Bearer {address.auth_token}"} if address.auth_token else {}
                 for url in address.urls:
-                    while True:
-                        try:
-                            async with http.get(url + "/health", headers=headers,
-                                                timeout=aiohttp.ClientTimeout(total=2)) as reply:
-                                if reply.status == 200:
-                                    break
-                        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                            pass
-                        if time.monotonic() > deadline:
-                            raise LaunchError(f"server '{name}' did not answer /health at {url} in time")
-                        await asyncio.sleep(0.05)
+                    await wait_healthy(http, name, url, address, deadline, attempt_s=2.0, pause_s=0.05)
 
-    def dead(self) -> tuple[str, int] | None:
-        """(name, code) of a server all of whose replicas' actors have stopped or died, if any."""
+    def _exit_codes(self) -> dict[str, int]:
+        """The actors that have stopped or died (code 1: killed, node lost)."""
         ray = import_ray()
         if self._watch:
             ready, _ = ray.wait(list(self._watch), num_returns=len(self._watch), timeout=0)
@@ -267,26 +244,14 @@ class RayStack:
                 try:
                     self._exited[process_name] = ray.get(ref)
                 except ray.exceptions.RayError:
-                    self._exited[process_name] = 1  # the actor died (killed, node lost)
-        for name, spec in self.config.servers.items():
-            gone = [p for p in self._exited if self._replica_of[p] == name]
-            if gone and len(gone) == spec.replicas:
-                return name, self._exited[gone[0]]
-            for process_name in gone:
-                if process_name not in self._reported:
-                    self._reported.add(process_name)
-                    self.log(f"rollgym: replica '{process_name}' stopped; "
-                             f"{spec.replicas - len(gone)} of {spec.replicas} replicas of '{name}' left")
-        return None
+                    self._exited[process_name] = 1
+        return dict(self._exited)
 
-    def replicas(self, name: str) -> list[str]:
-        return [process_name for process_name, server in self._replica_of.items() if server == name]
+    def exit_words(self, code: int) -> str:
+        return "stopped"
 
-    def kill(self, name: str) -> None:
-        """Kill one replica's actor (`name[i]`), or every replica of a server."""
-        ray = import_ray()
-        for process_name in [name] if name in self.actors else self.replicas(name):
-            ray.kill(self.actors[process_name], no_restart=True)
+    def _kill_one(self, process_name: str) -> None:
+        import_ray().kill(self.actors[process_name], no_restart=True)
 
     def stop(self, grace_s: float = 8.0) -> None:
         """Stop every server, kill its actor, and leave the cluster if this stack joined it."""
