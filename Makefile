@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # llama-cpp-python compiles from source; NATIVE=OFF keeps the build portable across CPUs.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install demo test train-demo clean browser view
+.PHONY: install demo test train-demo clean browser view phoenix
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ install: $(VENV)/.installed
 # The tests also run real TRL steps on CPU (torch, transformers, trl, peft): the GRPO integration and
 # the trainer adapters of `rollgym train`; and the proxy agent's example agents and the MCP environment (agents).
 $(VENV)/.installed-trl: $(VENV)/.installed pyproject.toml
-	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train,envs]"
+	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train,envs,traces]"
 	# verifiers Envs (agents/proxy_agent's verifiers runner): --no-deps, see the `verifiers` extra.
 	$(PIP) install --quiet --no-deps "verifiers==0.4.0" "prime-pydantic-config==0.4.3" "tomli>=2" "tomli-w>=1.0"
 	$(PIP) install --quiet "renderers==0.1.12" "anthropic==2.14.0" "prime-sandboxes==0.5.1"
@@ -54,7 +54,18 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		chromium chromium-driver fonts-dejavu-core >/dev/null; } || echo "chromium not installed: the browser test will be skipped"
 
-test: $(VENV)/.installed-trl browser
+# Arize Phoenix (a trace store with its own UI, ~850 MB with its dependencies, pinning its own versions) runs as
+# a server process from its own venv: the traces tests and examples start `$(PHOENIX_VENV)/bin/phoenix serve`.
+PHOENIX_VENV ?= .venv-phoenix
+$(PHOENIX_VENV)/.installed:
+	$(PYTHON) -m venv $(PHOENIX_VENV)
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PHOENIX_VENV)/bin/python -m pip install --quiet "arize-phoenix==20.26.1"
+	touch $@
+
+phoenix: $(PHOENIX_VENV)/.installed
+
+test: $(VENV)/.installed-trl browser phoenix
 	$(PY) -m pytest -q
 
 # Look at the rollouts of every demo run (and anything else under runs/) in the browser.
@@ -62,4 +73,4 @@ view: install
 	$(VENV)/bin/rollgym view runs/ --open
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(PHOENIX_VENV) runs

@@ -512,6 +512,8 @@ def main() -> int:
     parser.add_argument("--drivers", default="collector,aiohttp,cli", help="comma-separated: collector, aiohttp, cli")
     parser.add_argument("--in-flight", type=int, default=0, help="hold this many rollouts in flight at once")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="a run longer than this is a hang")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a stack override, e.g. weather_agent.tracing.otlp_endpoint=http://127.0.0.1:6006")
     parser.add_argument("--no-cli-ready", action="store_true", help="skip timing `rollgym run`'s start-up")
     args = parser.parse_args()
     if args.in_flight:
@@ -542,7 +544,7 @@ def main() -> int:
     try:
         run_ready = None if args.no_cli_ready else rollgym_run_ready(backend.url, workdir)
         config = load_stack([str(WEATHER_YAML), str(CHAT_YAML)],
-                            [f"policy_model.base_url={backend.url}", "policy_model.model=scripted"])
+                            [f"policy_model.base_url={backend.url}", "policy_model.model=scripted", *args.override])
         forks = threading.active_count() == 1
         stack = Stack(config)
         started = time.perf_counter()

@@ -6,12 +6,14 @@ An agent subclasses `AgentServer` and implements `run` (task row → verified ro
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 
 from .schema import ResponsesCreateParams, RunRequest
 from .server import BaseServer, JSONBytesResponse, parse_body, read_json
+from .tracing import rollout_tracer
 
 
 VERIFICATION_SKIPPED = "skipped"
@@ -42,11 +44,18 @@ class AgentServer(BaseServer):
         raise NotImplementedError
 
     def add_routes(self, app: FastAPI) -> None:
+        tracer = rollout_tracer(self.config, self.name)  # None unless the config sets `tracing`
+
         @app.post("/run")
         async def run(request: Request) -> JSONBytesResponse:
             payload = await read_json(request)
             task = parse_body(RunRequest, payload)
-            return JSONBytesResponse(await self.run(task, payload))
+            if tracer is None:
+                return JSONBytesResponse(await self.run(task, payload))
+            started = time.time_ns()
+            result = await self.run(task, payload)
+            tracer.record(payload, result, started, time.time_ns())
+            return JSONBytesResponse(result)
 
         @app.post("/v1/responses")
         async def responses(request: Request) -> JSONBytesResponse:

@@ -28,6 +28,7 @@ from .client import Registry, ServerClient
 from .errors import ServerStartError, validation_errors
 from .server_app import ServerApp
 from .sessions import SESSION_COOKIE, SessionSigner
+from .tracing import TracingConfig
 
 if TYPE_CHECKING:  # the config layer (yaml, omegaconf) is not a server's to load
     from .config import ServerSpec
@@ -46,6 +47,8 @@ class ServerConfig(BaseModel):
     max_body_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     client_timeout_s: float = Field(default=300.0, gt=0, description="default timeout of calls to other servers")
     client_max_retries: int = Field(default=3, ge=0)
+    tracing: TracingConfig | None = Field(default=None, description="agents: each rollout as an OpenTelemetry "
+                                          "trace to this OTLP endpoint (rollgym.tracing); off by default")
 
 
 class ServerRef(BaseModel):

@@ -26,7 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = REPO / "services" / "rollgym"
-WINGS = {"stack", "rollouts", "data", "envkit", "view", "train", "eval", "cli"}
+WINGS = {"stack", "rollouts", "data", "envkit", "view", "train", "eval", "traces", "cli"}
 # The wings each wing may import (besides the kernel). Data flows one way: rollouts -> data -> train,
 # so data/ imports neither the collection (rollouts/) nor the operators (stack/).
 WING_IMPORTS = {
@@ -36,7 +36,8 @@ WING_IMPORTS = {
     "envkit": {"data", "stack"},  # checks read example rows and start servers
     "view": {"data", "rollouts"},
     "eval": {"data", "rollouts"},  # only train imports eval (a plan validates on an eval suite)
-    "train": {"data", "eval", "rollouts", "stack"},
+    "traces": {"data"},  # spans and datasets in, records out; train reads its trace:// sources, never the reverse
+    "train": {"data", "eval", "rollouts", "stack", "traces"},
     "cli": WINGS - {"cli"},  # each command's handler imports its wing
 }
 # The three doors of services/train/: the loop drives the other two, which import neither it nor each other.

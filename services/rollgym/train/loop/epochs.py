@@ -21,6 +21,7 @@ import orjson
 from tqdm import tqdm
 
 from ...data.jsonl import read_whole_lines, write_json_atomic
+from ...traces.sources import SourceError, read_source
 from ..trainers.base import Artefact, TrainingFailed
 from ..trainers.jobs import finished_artefact
 from .apply import Serving
@@ -271,7 +272,7 @@ class TrainLoop:
             if not curated.records and not set(dropped) <= NO_SIGNAL:
                 raise CurationError(f"epoch {epoch} ({stage.name}): nothing left to train on after curation "
                                     f"({dropped})")
-        except CurationError as exc:
+        except (CurationError, SourceError) as exc:
             bar.done(error="nothing to train on")
             raise TrainError(str(exc)) from None
         scored = None
@@ -300,9 +301,11 @@ class TrainLoop:
                       version=version, group_size=stage.collect.repeats if stage.collect else None, stage=where)
         if not stage.replay:
             return live
-        rows = [row for file in stage.replay for row in read_whole_lines(Path(file))]
+        read = [read_source(entry, kind, self.plan.base_model) for entry in stage.replay]  # files, trace:// sources
+        rows = [row for found, _ in read for row in found]
         replayed = curate(rows, kind, stage.curate, epoch=epoch - 1, stage=f"{where} replay")
-        return Curated(kind, live.records + replayed.records, live.rollouts_in + replayed.rollouts_in,
+        return Curated(kind, live.records + replayed.records + [r for _, records in read for r in records],
+                       live.rollouts_in + replayed.rollouts_in,
                        live.rollouts_kept + replayed.rollouts_kept, live.dropped + replayed.dropped,
                        replayed=replayed.rollouts_in, segments=live.segments + replayed.segments,
                        segments_left_out=live.segments_left_out + replayed.segments_left_out)

@@ -437,7 +437,7 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
               for i, stage in enumerate(plan.stages) if stage.collect is not None
               for j, file in enumerate(stage.collect.files)]
     problems += [(f"stages[{i}].replay[{j}]", f"no such rollouts file: {file}") for i, stage in enumerate(plan.stages)
-                 for j, file in enumerate(stage.replay) if not Path(file).is_file()]
+                 for j, file in enumerate(stage.replay) if "://" not in file and not Path(file).is_file()]
     if plan.validation is not None and plan.validation.input is not None:
         inputs.append(("validation.input", plan.validation.input))
     if plan.orchestrator is not None:
