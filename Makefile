@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # llama-cpp-python compiles from source; NATIVE=OFF keeps the build portable across CPUs.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install demo test train-demo clean browser view phoenix
+.PHONY: install demo test train-demo clean browser view phoenix swe-repos mini-swe-agent
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,7 +65,22 @@ $(PHOENIX_VENV)/.installed:
 
 phoenix: $(PHOENIX_VENV)/.installed
 
-test: $(VENV)/.installed-trl browser phoenix
+# The swe environment's generated tasks: their repositories rebuilt from pinned PyPI sdists (downloaded once
+# into .cache/swe/sdists, sha256-checked; every base_commit comes out as its row says).
+swe-repos: install
+	$(PY) -m resources_servers.swe.repos --tasks resources_servers/swe/data/generated/*.jsonl \
+		--into .cache/swe/repos
+
+# mini-swe-agent (agents/proxy_agent/examples/mini_swe_agent) in a venv of its own: litellm and its
+# dependencies would change versions the main venv pins.
+MINI_VENV ?= .venv-mini
+mini-swe-agent: $(MINI_VENV)/.installed
+$(MINI_VENV)/.installed:
+	$(PYTHON) -m venv $(MINI_VENV)
+	$(MINI_VENV)/bin/python -m pip install --quiet "mini-swe-agent==2.4.6"
+	touch $@
+
+test: $(VENV)/.installed-trl browser phoenix swe-repos mini-swe-agent
 	$(PY) -m pytest -q
 
 # Look at the rollouts of every demo run (and anything else under runs/) in the browser.
@@ -73,4 +88,4 @@ view: install
 	$(VENV)/bin/rollgym view runs/ --open
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) runs
+	rm -rf $(VENV) $(PHOENIX_VENV) $(MINI_VENV) runs

@@ -8,7 +8,7 @@ crashes, loops or is killed scores what it passed (0.0 if nothing ran), with the
 details: a bad program is the policy's fault, never an env_error.
 
 The `run_python` tool runs code in the same sandbox and shows its exit status, stdout and stderr.
-The sandbox is in `sandbox.py` (and `launcher.py`); README.md says what it contains.
+The sandbox is rollgym.sandbox (shared with the workspace environments); docs/sandbox.md says what it contains.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rollgym import ResourcesServer, ResourcesServerConfig, RunRequest, Verdict,
 from rollgym.server import JSONBytesResponse
 from rollgym.text import final_message_text
 
-from .sandbox import SCRIPT_NAME, Sandbox, SandboxLimits, SandboxResult
+from rollgym.sandbox import SCRIPT_NAME, Sandbox, SandboxLimits, SandboxResult
 
 PYTHON_TAGS = {"python", "py", "python3", "py3"}
 ERROR_CHARS = 300  # a test's error message, as reported

@@ -26,11 +26,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = REPO / "services" / "rollgym"
-WINGS = {"stack", "rollouts", "data", "envkit", "view", "train", "eval", "traces", "cli"}
+WINGS = {"stack", "rollouts", "data", "envkit", "view", "train", "eval", "traces", "sandbox", "cli"}
 # The wings each wing may import (besides the kernel). Data flows one way: rollouts -> data -> train,
 # so data/ imports neither the collection (rollouts/) nor the operators (stack/).
 WING_IMPORTS = {
     "data": set(),
+    "sandbox": set(),  # workspaces and the launcher: environments import it, it imports no other wing
     "rollouts": {"data"},  # the one JSONL reader, which agent a row goes to
     "stack": {"rollouts"},  # the Ray collector shards
     "envkit": {"data", "stack"},  # checks read example rows and start servers

@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from resources_servers.code import sandbox as sandbox_module
+from rollgym.sandbox import programs as sandbox_module
 from resources_servers.code.app import (
     CodeServer,
     CodeServerConfig,
@@ -19,7 +19,7 @@ from resources_servers.code.app import (
     grade_run,
     parse_report,
 )
-from resources_servers.code.sandbox import Sandbox, SandboxLimits, SandboxResult
+from rollgym.sandbox import Sandbox, SandboxLimits, SandboxResult
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import final_response, serve_in_thread
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from resources_servers.code.app import CodeServer, CodeServerConfig
-from resources_servers.code.sandbox import Sandbox, SandboxError, SandboxLimits, UidLease, uid_processes_of
+from rollgym.sandbox import Sandbox, SandboxError, SandboxLimits, UidLease, uid_processes_of
 from rollgym.testing import final_response, serve_in_thread
 
 FOLDER = Path(__file__).resolve().parents[1]

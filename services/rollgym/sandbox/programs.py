@@ -1,223 +1,36 @@
-"""A sandbox for untrusted Python: `python3 -I -S -B` under rlimits, an unprivileged uid and namespaces.
+"""Running one sandboxed program: `run_sandbox` (blocking) and `Sandbox` (asyncio, bounded).
 
-No HTTP here. `run_sandbox` is the blocking core (one program, one fresh temporary directory, removed
-afterwards); `Sandbox` wraps it for asyncio: the run goes to a thread and an `asyncio.Semaphore`
-bounds how many run at once. Each run holds its own uid out of `uid_base .. uid_base+uid_count-1`
-for its whole life (an flock on a per-uid lock file, so the allocation holds across threads, worker
-processes and servers on one machine): the per-uid process limit and the kill-everything-of-this-uid
-cleanup of one run never touch another.
-
-The confinement itself is done by `launcher.py` (started here with a JSON config), in one of three
-modes, the strongest the machine allows unless the config asks for one:
-
-- "namespaces": root with CAP_SYS_ADMIN. New mount, network, PID, IPC and UTS namespaces; a new
-  root built from read-only binds (system directories + the interpreter), generated /etc, minimal
-  /dev, this namespace's /proc, and a private size-limited /tmp; an unprivileged uid; no_new_privs.
-- "basic": root, but namespaces refused (e.g. a container without CAP_SYS_ADMIN). Unprivileged uid
-  and rlimits in the host's filesystem and network; sockets blocked by a Python-level guard only.
-- "minimal": not root. rlimits and the Python-level socket guard only, as the server's own user.
-
-See README.md ("Sandbox") for exactly what each mode contains and what it does not.
+No HTTP here. `run_sandbox` runs `python3 -I -S -B script` over a few files in a fresh directory
+(removed afterwards); `run_program` is the core under it and under the workspaces (any argv, a
+working directory, read-write binds): it starts `launcher.py` with a JSON config, reads the
+program's output with caps, enforces a backstop deadline and collects the launcher's status lines.
+`Sandbox` wraps `run_sandbox` for asyncio: the run goes to a thread and an `asyncio.Semaphore`
+bounds how many run at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import fcntl
 import functools
 import json
 import os
-import random
 import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-LAUNCHER = Path(__file__).resolve().with_name("launcher.py")
-MODES = ("namespaces", "basic", "minimal")
-# What the program can see in "namespaces" mode, besides the interpreter's own directories.
-DEFAULT_EXPOSE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-SANDBOX_DIR_IN_NAMESPACE = "/tmp/sandbox"
-SCRIPT_NAME = "main.py"
-GUARD_NAME = "_sandbox_guard.py"
-PATH = "/usr/local/bin:/usr/bin:/bin"
-
-# Prepended (as a separate wrapper script) in the modes without a network namespace. Weak on purpose
-# and documented as such: `_socket`, ctypes or a subprocess get around it.
-SOCKET_GUARD = '''\
-import runpy, socket, sys
-_BLOCKED = {getattr(socket, name) for name in ("AF_INET", "AF_INET6", "AF_PACKET") if hasattr(socket, name)}
-class _GuardedSocket(socket.socket):
-    def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
-        if fileno is None and (family == -1 or family in _BLOCKED):
-            raise PermissionError(13, "network access is disabled in this sandbox")
-        super().__init__(family, type, proto, fileno)
-socket.socket = socket.SocketType = _GuardedSocket
-def _no_connection(*args, **kwargs):
-    raise PermissionError(13, "network access is disabled in this sandbox")
-socket.create_connection = socket.create_server = socket.getaddrinfo = _no_connection
-del _no_connection
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-'''
-
-
-class SandboxError(Exception):
-    """The sandbox itself failed (not the program in it): an infrastructure error."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    cpu_time_s: float = 5.0
-    wall_time_s: float = 10.0
-    memory_mb: int = 512
-    max_output_bytes: int = 64 * 1024  # kept per stream (stdout, stderr)
-    kill_output_bytes: int = 1024 * 1024  # stdout + stderr beyond this: the program is killed
-    file_size_mb: int = 16  # RLIMIT_FSIZE: the largest file the program may write
-    tmp_size_mb: int = 64  # the private /tmp (work directory included), "namespaces" mode
-    max_processes: int = 32  # RLIMIT_NPROC of the sandbox uid (threads count)
-    max_open_files: int = 256
-
-
-@dataclass
-class SandboxResult:
-    exit_code: int | None  # the program's exit status; -N when a signal N ended it; None if unknown
-    stdout: str
-    stderr: str
-    timed_out: bool
-    killed_reason: str | None  # "timeout", "cpu_time", "output_limit", "signal SIGSEGV", ...
-    output_truncated: bool
-    wall_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Isolation:
-    """How programs are confined on this machine (the outcome of `detect_isolation`)."""
-
-    mode: str
-    python: str
-    expose: tuple[str, ...] = ()
-    uid_base: int | None = None
-    uid_count: int = 64
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def describe(self) -> dict[str, Any]:
-        network = {
-            "namespaces": "private network namespace (loopback only, down): no connection can be made",
-            "basic": "host network; Python-level socket guard only (bypassable)",
-            "minimal": "host network; Python-level socket guard only (bypassable)",
-        }[self.mode]
-        filesystem = {
-            "namespaces": f"private root: {', '.join(self.expose)} read-only, generated /etc, minimal /dev, "
-                          f"own /proc, private /tmp; work directory {SANDBOX_DIR_IN_NAMESPACE}",
-            "basic": "host filesystem as an unprivileged uid (world-readable files are readable, "
-                     "world-writable directories such as /tmp are writable)",
-            "minimal": "host filesystem as the server's own user",
-        }[self.mode]
-        return {
-            "mode": self.mode,
-            "python": self.python,
-            "uid_base": self.uid_base,
-            "uid_count": self.uid_count if self.uid_base is not None else None,
-            "network": network,
-            "filesystem": filesystem,
-            "processes": "own PID namespace, all killed when the program exits" if self.mode == "namespaces"
-            else "every process of the sandbox uid killed when the program exits" if self.mode == "basic"
-            else "the program's process group killed when it exits",
-            "notes": list(self.notes),
-        }
-
-
-# --- the interpreter ----------------------------------------------------------------------------
-def default_python() -> str:
-    """The real interpreter behind the server's (a venv's python is a symlink to it)."""
-    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
-
-
-def interpreter_paths(python: str) -> tuple[str, ...]:
-    """The directories the interpreter needs (its prefixes and its own directory)."""
-    probe = subprocess.run(
-        [python, "-I", "-S", "-c", "import json, sys; print(json.dumps([sys.base_prefix, sys.base_exec_prefix]))"],
-        capture_output=True, text=True, timeout=30, env={"PATH": PATH}, stdin=subprocess.DEVNULL,
-    )
-    if probe.returncode != 0:
-        raise SandboxError(f"the sandbox interpreter {python!r} does not run: {probe.stderr.strip()[-500:]}")
-    prefixes = json.loads(probe.stdout)
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in [*prefixes, os.path.dirname(python)]))
-
-
-def world_executable(path: str) -> bool:
-    """Whether any user may run `path`: the file is o+x and every directory above it o+x."""
-    try:
-        if not os.stat(path).st_mode & 0o001:
-            return False
-        parent = os.path.dirname(os.path.abspath(path))
-        while True:
-            if not os.stat(parent).st_mode & 0o001:
-                return False
-            if parent == "/":
-                return True
-            parent = os.path.dirname(parent)
-    except OSError:
-        return False
-
-
-# --- uids ---------------------------------------------------------------------------------------
-def lock_dir() -> str:
-    """Where the per-uid lock files live: a directory only this (root) user may write."""
-    path = os.path.join(tempfile.gettempdir(), f"rollgym-sandbox-uids-{os.geteuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not os.path.isdir(path) or os.path.islink(path) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise SandboxError(f"{path} is not a private directory of this user: remove it")
-    return path
-
-
-class UidLease:
-    """One sandbox uid, held (flock on its lock file) until released or until this process dies."""
-
-    def __init__(self, uid: int, fd: int) -> None:
-        self.uid = uid
-        self._fd = fd
-
-    @classmethod
-    def acquire(cls, base: int, count: int, wait_s: float = 120.0) -> "UidLease":
-        directory = lock_dir()
-        deadline = time.monotonic() + wait_s
-        start = random.randrange(count)  # spread concurrent runs over the range
-        while True:
-            for offset in range(count):
-                uid = base + (start + offset) % count
-                fd = os.open(os.path.join(directory, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                return cls(uid, fd)
-            if time.monotonic() > deadline:
-                raise SandboxError(f"all {count} sandbox uids from {base} stayed busy for {wait_s:g} s")
-            time.sleep(0.02)
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = -1
-
+from .isolation import (
+    DEFAULT_EXPOSE, GUARD_NAME, LAUNCHER, MODES, PATH, SANDBOX_DIR_IN_NAMESPACE, SCRIPT_NAME, SOCKET_GUARD,
+    Isolation, SandboxError, SandboxLimits, SandboxResult, UidLease, default_python, interpreter_paths,
+    user_thread_count, world_executable,
+)
 
 # --- one run ------------------------------------------------------------------------------------
 def _program_env(workdir: str) -> dict[str, str]:
@@ -263,7 +76,6 @@ def run_sandbox(
 def _run_in_dir(files: dict[str, str | bytes], isolation: Isolation, limits: SandboxLimits, script: str,
                 stdin: bytes, uid: int | None, root: bool) -> SandboxResult:
     host_dir = tempfile.mkdtemp(prefix=f"rollgym-code-{os.getpid()}-")
-    fds: dict[str, int] = {}  # the status pipe; each end closed exactly once (fd numbers are reused)
     try:
         for name, content in files.items():
             if "/" in name or name.startswith("."):
@@ -277,13 +89,48 @@ def _run_in_dir(files: dict[str, str | bytes], isolation: Isolation, limits: San
             for path in [host_dir, *(os.path.join(host_dir, n) for n in os.listdir(host_dir))]:
                 os.chown(path, uid, uid)
         os.chmod(host_dir, 0o700)
-        workdir = SANDBOX_DIR_IN_NAMESPACE if isolation.mode == "namespaces" else host_dir
+        return run_program(argv, isolation, limits, uid=uid, host_dir=host_dir, stdin=stdin)
+    finally:
+        shutil.rmtree(host_dir, ignore_errors=True)
+
+
+def run_program(
+    argv: list[str],
+    isolation: Isolation,
+    limits: SandboxLimits,
+    *,
+    uid: int | None,
+    host_dir: str | None = None,
+    workdir: str | None = None,
+    env: dict[str, str] | None = None,
+    binds: tuple[tuple[str, str], ...] = (),
+    expose: tuple[str, ...] = (),
+    cgroups: tuple[str, ...] = (),
+    stdin: bytes = b"",
+) -> SandboxResult:
+    """Run `argv` confined as `isolation` says, as `uid`. Blocking; raises SandboxError only when the
+    sandbox could not be set up.
+
+    `host_dir`'s files are copied into the work directory (/tmp/sandbox) in "namespaces" mode, and
+    are the work directory itself in the others. `binds` are (host path, path inside) pairs mounted
+    read-write (a workspace); `expose` adds read-only paths to the isolation's. `workdir` is where
+    the program starts (inside the namespace in "namespaces" mode). `cgroups` are `cgroup.procs` files the
+    launcher joins before it forks (a workspace session's groups).
+    """
+    root = os.geteuid() == 0
+    namespaced = isolation.mode == "namespaces"
+    workdir = workdir or (SANDBOX_DIR_IN_NAMESPACE if namespaced else host_dir or "/")
+    fds: dict[str, int] = {}  # the status pipe; each end closed exactly once (fd numbers are reused)
+    try:
         fds["r"], fds["w"] = os.pipe()
         config = {
             "mode": isolation.mode,
             "argv": argv,
-            "env": _program_env(workdir),
+            "env": env if env is not None else _program_env(workdir),
             "host_dir": host_dir,
+            "workdir": workdir,
+            "binds": [list(pair) for pair in binds],
+            "cgroups": list(cgroups),
             "uid": uid,
             "gid": uid,
             "user_name": "sandbox",
@@ -296,49 +143,17 @@ def _run_in_dir(files: dict[str, str | bytes], isolation: Isolation, limits: San
             },
             "wall_s": limits.wall_time_s,
             "status_fd": fds["w"],
-            "expose": list(isolation.expose),
+            "expose": list(dict.fromkeys([*isolation.expose, *expose])) if namespaced else [],
             "tmpfs_bytes": limits.tmp_size_mb * 1024 * 1024,
             "tmpfs_inodes": 4096,
             "shm_bytes": 16 * 1024 * 1024,
         }
         if not root:  # RLIMIT_NPROC counts every thread of the user: leave room for those already running
-            config["limits"]["nproc"] = _user_thread_count(os.getuid()) + limits.max_processes
+            config["limits"]["nproc"] = user_thread_count(os.getuid()) + limits.max_processes
         return _supervise(config, isolation, limits, stdin, fds)
     finally:
         for fd in fds.values():
             os.close(fd)
-        shutil.rmtree(host_dir, ignore_errors=True)
-
-
-def uid_processes_of(uid: int | range | list[int]) -> list[int]:
-    """PIDs of the host's processes (zombies included) whose real uid is `uid`, or one of them."""
-    wanted = {uid} if isinstance(uid, int) else set(uid)
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as handle:
-                for line in handle:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) in wanted:
-                            pids.append(int(entry))
-                        break
-        except (OSError, ValueError):
-            continue
-    return pids
-
-
-def _user_thread_count(uid: int) -> int:
-    """Threads of the processes of `uid`: what RLIMIT_NPROC counts."""
-    count = 0
-    for pid in uid_processes_of(uid):
-        try:
-            with open(f"/proc/{pid}/status") as handle:
-                count += next((int(line.split()[1]) for line in handle if line.startswith("Threads:")), 1)
-        except (OSError, ValueError):
-            continue
-    return count
 
 
 def _supervise(config: dict[str, Any], isolation: Isolation, limits: SandboxLimits, stdin: bytes,

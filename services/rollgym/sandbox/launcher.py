@@ -1,15 +1,16 @@
-"""The sandbox launcher: started by `sandbox.py` (as the server's user), it confines one program.
+"""The sandbox launcher: started by `programs.py` (as the server's user), it confines one program.
 
 Run as `python3 -I -S -B launcher.py CONFIG_JSON`; standard library only, nothing from the project.
 It writes one JSON line per event to the status fd named in the config (never to stdout or stderr,
 which belong to the confined program) and exits 0 unless it could not set the sandbox up.
 
-Modes (see README.md, "Sandbox"):
+Modes (docs/sandbox.md says what each contains):
 
 - "namespaces" (root with CAP_SYS_ADMIN): unshare the mount, network, PID, IPC and UTS namespaces,
   then fork the namespace's init (PID 1), which builds a new root in a private tmpfs (the system
   directories and the interpreter bound read-only, a generated /etc, a few device nodes, a fresh
-  /proc, a private size-limited /tmp with the work directory /tmp/sandbox), chroots into it and
+  /proc, a private size-limited /tmp with the work directory /tmp/sandbox, and the `binds`: host
+  directories mounted read-write, a session's workspace), chroots into it and
   forks the program as an unprivileged uid. When the program exits, init exits and the kernel kills
   every process left in the namespace; `waitpid(init)` returns only once they are all gone.
 - "basic" (root, namespaces refused): the program runs as the unprivileged uid in the host's
@@ -171,9 +172,11 @@ def build_root(cfg):
     uid, gid = cfg["uid"], cfg["gid"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates back to the host
     inputs = {}  # read from the host before NEW_ROOT (the host's /tmp) is covered
-    for name in os.listdir(cfg["host_dir"]):
+    for name in os.listdir(cfg["host_dir"]) if cfg.get("host_dir") else ():
         with open(os.path.join(cfg["host_dir"], name), "rb") as handle:
             inputs[name] = handle.read()
+    # A workspace: a host directory mounted read-write inside (opened now: it may live under /tmp).
+    binds = [(os.open(source, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY), target) for source, target in cfg.get("binds", ())]
     etc = {}
     try:
         with open("/etc/ld.so.cache", "rb") as handle:
@@ -233,6 +236,10 @@ def build_root(cfg):
         os.chown(root(f"{SANDBOX_DIR}/{file_name}"), uid, gid)
     os.chown(root(SANDBOX_DIR), uid, gid)
 
+    for fd, target in binds:  # after /tmp: a workspace may sit below it
+        bind(f"/proc/self/fd/{fd}", root(target), True, readonly=False)
+        os.close(fd)
+
     os.mkdir(root("/proc"), 0o555)
     mount("proc", root("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace only
     mount(None, NEW_ROOT, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
@@ -256,7 +263,7 @@ def run_init(cfg, status):
         build_root(cfg)
         worker = os.fork()
         if worker == 0:
-            exec_program(cfg, status, SANDBOX_DIR)
+            exec_program(cfg, status, cfg.get("workdir") or SANDBOX_DIR)
         while True:
             try:
                 pid, wait_status = os.waitpid(-1, 0)
@@ -368,6 +375,13 @@ def kill_descendants(deadline_s=5.0):
 def main():
     cfg = json.loads(sys.argv[1])
     status = Status(cfg["status_fd"])
+    for procs in cfg.get("cgroups", ()):  # the session's groups: every process forked from here is inside
+        try:
+            with open(procs, "w") as handle:
+                handle.write(str(os.getpid()))
+        except OSError as exc:
+            status.write(error=f"cannot join {procs}: {exc}")
+            return 2
     mode = cfg["mode"]
     state = {"child": None, "killed": None}
 
@@ -407,7 +421,7 @@ def main():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGALRM, signal.SIG_DFL)
             os.setpgid(0, 0)
-            exec_program(cfg, status, cfg["host_dir"])
+            exec_program(cfg, status, cfg.get("workdir") or cfg["host_dir"])
         try:
             os.setpgid(child, child)  # both sides, so killpg(child) works whoever runs first
         except OSError:

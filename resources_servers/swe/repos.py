@@ -1,0 +1,189 @@
+"""Repositories for SWE tasks, rebuilt from PyPI alone, byte for byte.
+
+The generated tasks' repositories are not stored anywhere: each is a pinned sdist from PyPI (name,
+version, sha256 in LIBRARIES), unpacked and committed with a fixed author, committer, date and
+message, so its commit hash is the same on every machine. Each task's buggy state is one more such
+commit on top (the task's `patch` applied in reverse), so the row's `base_commit` is checked when
+the repository is rebuilt.
+
+    python -m resources_servers.swe.repos --tasks resources_servers/swe/data/generated/*.jsonl \
+        --into .cache/swe/repos
+
+`--into` then holds `pypi__<library>/`, a git repository per library with a tag `task/<instance_id>`
+per task; the environment's `repos_dir` points there. Downloads go through `pip download` (the only
+network access) into a cache folder, checked against the pinned sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+FOLDER = Path(__file__).resolve().parent
+# Build outputs, outside the server folder (and ignored by git): .cache/swe/ at the repository root.
+DEFAULT_CACHE = FOLDER.parents[1] / ".cache" / "swe" / "sdists"
+DEFAULT_REPOS = FOLDER.parents[1] / ".cache" / "swe" / "repos"
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "rollgym", "GIT_AUTHOR_EMAIL": "tasks@rollgym.invalid", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "rollgym", "GIT_COMMITTER_EMAIL": "tasks@rollgym.invalid",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent",
+}
+GITIGNORE = "__pycache__/\n*.pyc\n.pytest_cache/\n"
+# Run in the repository's root inside the sandbox; node ids are appended. Plugins of the toolchain's
+# environment stay off, and a repository's own addopts (coverage flags) are dropped.
+TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider -o addopts= -q"
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str  # the PyPI name
+    version: str
+    sha256: str
+    modules: tuple[str, ...]  # the files bugs are injected into (relative to the sdist root)
+    pythonpath: str = "."  # where its package is imported from
+
+    @property
+    def repo(self) -> str:
+        return f"pypi/{self.name}"
+
+    @property
+    def test_cmd(self) -> str:
+        return f"PYTHONPATH={self.pythonpath} {TEST_CMD}"
+
+
+LIBRARIES = {lib.name: lib for lib in (
+    Library("inflection", "0.5.1", "1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417",
+            ("inflection/__init__.py",)),
+    Library("parse", "1.22.4", "706d458feed5a81b02768d3156e8070baf6cee7d150a3a3c0cd43101a875c3b5",
+            ("parse/__init__.py",)),
+    Library("toolz", "1.2.0", "9667a038e9d6ecba37995e26cb2f59ec6420b6ad8dd9677de59db9b956b08490",
+            ("toolz/itertoolz.py", "toolz/functoolz.py", "toolz/dicttoolz.py")),
+    Library("cachetools", "8.0.2", "30ac523adfc118b51d2b2e7bad8a0ddb31370dfe2700c7f10ca224f36ccf81e0",
+            ("src/cachetools/__init__.py", "src/cachetools/keys.py", "src/cachetools/func.py"), "src"),
+)}
+
+
+class RepoError(Exception):
+    pass
+
+
+def repo_dir_name(repo: str) -> str:
+    """SWE-bench's convention: "owner/name" lives in `owner__name`."""
+    return repo.replace("/", "__")
+
+
+def git(cwd: Path | str, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, text=True,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_IDENTITY})
+    if done.returncode != 0:
+        raise RepoError(f"git {' '.join(args[:3])} failed in {cwd}: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-")
+
+
+def sdist(lib: Library, cache: Path = DEFAULT_CACHE) -> Path:
+    """The library's pinned sdist: from the cache, else downloaded with pip; its sha256 checked."""
+    cache.mkdir(parents=True, exist_ok=True)
+    wanted = _normal(f"{lib.name}-{lib.version}.tar.gz")
+    found = [p for p in cache.glob("*.tar.gz") if _normal(p.name) == wanted]
+    if not found:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                               "--dest", str(cache), "-q", f"{lib.name}=={lib.version}"], capture_output=True, text=True)
+        found = [p for p in cache.glob("*.tar.gz") if _normal(p.name) == wanted]
+        if done.returncode != 0 or not found:
+            raise RepoError(f"pip download {lib.name}=={lib.version} failed: {done.stderr.strip()[-500:]}")
+    digest = hashlib.sha256(found[0].read_bytes()).hexdigest()
+    if digest != lib.sha256:
+        raise RepoError(f"{found[0]} has sha256 {digest}, not the pinned {lib.sha256}")
+    return found[0]
+
+
+def clean_repo(lib: Library, into: Path, cache: Path = DEFAULT_CACHE) -> tuple[Path, str]:
+    """`into/pypi__<name>`: the sdist committed once (reused when already there); returns it and the commit."""
+    target = into / repo_dir_name(lib.repo)
+    if (target / ".git").is_dir():
+        return target, git(target, "rev-list", "--max-parents=0", "HEAD").split()[0]
+    archive = sdist(lib, cache)
+    staging = Path(tempfile.mkdtemp(prefix="rollgym-sdist-", dir=into if into.exists() else None))
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        (root,) = list(staging.iterdir())
+        (root / ".gitignore").write_text(GITIGNORE)
+        git(root, "init", "-q", "-b", "main")
+        git(root, "add", "-A")
+        git(root, "commit", "-q", "-m", f"{lib.name} {lib.version} from its PyPI sdist")
+        into.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(root), target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, git(target, "rev-parse", "HEAD").strip()
+
+
+def commit_task(repo: Path, clean: str, instance_id: str, patch: str) -> str:
+    """The task's buggy state: the clean commit with the fix (`patch`) reversed, as a fixed commit."""
+    git(repo, "checkout", "-q", "--detach", clean)
+    git(repo, "apply", "-R", "-", stdin=patch)
+    git(repo, "commit", "-q", "-a", "-m", instance_id)
+    commit = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "tag", "-f", f"task/{instance_id}", commit)
+    git(repo, "checkout", "-q", "--detach", clean)
+    return commit
+
+
+def build(rows: Iterable[dict[str, Any]], into: Path = DEFAULT_REPOS, cache: Path = DEFAULT_CACHE) -> dict[str, str]:
+    """Rebuild the repositories of generated task rows; every base_commit must come out the same."""
+    made: dict[str, str] = {}
+    clean: dict[str, tuple[Path, str]] = {}
+    for row in rows:
+        name = row["repo"].removeprefix("pypi/")
+        if name not in LIBRARIES:
+            raise RepoError(f"{row['instance_id']}: repo {row['repo']!r} is not a generated library")
+        if name not in clean:
+            clean[name] = clean_repo(LIBRARIES[name], into, cache)
+        repo, root = clean[name]
+        try:
+            existing = git(repo, "rev-parse", "-q", "--verify", f"task/{row['instance_id']}^{{commit}}").strip()
+        except RepoError:
+            existing = ""
+        commit = existing or commit_task(repo, root, row["instance_id"], row["patch"])
+        if commit != row["base_commit"]:
+            raise RepoError(f"{row['instance_id']}: rebuilt as {commit}, the row says {row['base_commit']}")
+        made[row["instance_id"]] = commit
+    return made
+
+
+def read_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    return [json.loads(line) for path in paths for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", nargs="+", required=True, help="generated task files (JSONL)")
+    parser.add_argument("--into", default=str(DEFAULT_REPOS), help="where the repositories go")
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="where the sdists are kept")
+    args = parser.parse_args(argv)
+    try:
+        made = build(read_rows(args.tasks), Path(args.into), Path(args.cache))
+    except (RepoError, OSError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{len(made)} task commits in {args.into}, each as its row says")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
