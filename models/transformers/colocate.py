@@ -65,9 +65,15 @@ def device_bytes(device: Any) -> int:
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    import psutil
+    try:  # Linux's estimate of what can be allocated without swapping
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
 
-    return int(psutil.virtual_memory().available)
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
 def trainer_estimate(model: Any, finetune: str, train_tokens: int) -> int:
