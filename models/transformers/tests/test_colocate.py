@@ -55,9 +55,10 @@ def member(item: dict[str, Any], advantage: float, number: int) -> dict[str, Any
 @torch.inference_mode()
 def forward_logprobs(model: Any, prompt: list[int], generation: list[int]) -> list[float]:
     """log softmax(logits) of `generation` after `prompt` (T = 1), one forward pass of `model`."""
-    ids = torch.tensor([prompt + generation])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + generation], device=device)
     logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(generation)[:, None])[:, 0].tolist()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(generation, device=device)[:, None])[:, 0].tolist()
 
 
 def test_a_step_trains_the_served_tensors_and_the_next_generation_samples_from_them(tmp_path: Path) -> None:
