@@ -136,9 +136,9 @@ class ColocatedModel(TransformersModel):
 
         args = grpo_args(config)
         started = time.perf_counter()
-        model = self.engine.model
         if self.trainer is None or self.trainer.args != args or not _same(self.trainer.checkpoint, config.init_adapter):
             self.trainer = self._trainer(args, config)
+        model = self.engine.model  # a new LoRA trainer may have unwrapped the last one's
         loaded = time.perf_counter() - started
         trainer = self.trainer
         model.train()
@@ -188,7 +188,7 @@ class ColocatedModel(TransformersModel):
 
         from rollgym.train.trainers.policy import LORA_TARGETS
 
-        if self.trainer is not None:  # a new starting point: the adapter the last trainer injected goes first
+        if isinstance(getattr(self.trainer, "model", None), PeftModel):  # the last trainer's adapter goes first
             model = self.trainer.model.unload()
             self.engine.model = model
         if adapter:
