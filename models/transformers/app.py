@@ -71,12 +71,18 @@ class TransformersModel(LocalModelServer):
         self.base_version = self.model_name
         self._keys = 0
         # The budget in whole slots: each one holds a request's prompt and generation.
-        slot_tokens = min(self.engine.n_ctx, (config.kv_tokens or config.max_batch * config.n_ctx) // config.max_batch)
+        budget = self.kv_budget() or config.max_batch * config.n_ctx
+        slot_tokens = min(self.engine.n_ctx, budget // config.max_batch)
         if slot_tokens < 2:
             raise ServerStartError(f"kv_tokens {config.kv_tokens} leaves no room for {config.max_batch} requests")
         self.engine.n_ctx = slot_tokens
         self.queue = Scheduler(self.engine, self._select, max_batch=config.max_batch, slot_tokens=slot_tokens,
                                max_queue=config.max_queue, prefill_tokens=config.prefill_tokens)
+
+    def kv_budget(self) -> int | None:
+        """The KV cache's tokens (None: max_batch × n_ctx), once the model is loaded; a co-located server
+        sizes it from what its trainer leaves (colocate.py)."""
+        return self.config.kv_tokens
 
     def version_of(self, adapter: Adapter | None) -> str:
         return adapter.version if adapter is not None else getattr(self, "base_version", self.model_names()[0])

@@ -11,6 +11,8 @@
   that file. Its model name, the file's stem, is the version the rollouts report. The base model is
   served the same way (a copy of the bundled GGUF in that precision), so that what is sampled is what
   the trainer computes, up to that precision (docs/train-loop.md).
+- `memory` (co-locate mode, `colocate: true`): the policy server is the trainer's own process and the step
+  published its weights in memory (colocate.py); applying checks the version it serves.
 - `none`: the served model stays as it is.
 """
 
@@ -59,10 +61,18 @@ class Serving:
             except ValueError as exc:
                 raise ApplyError(f"stack.registry_file: {exc}") from None
             return
-        overrides = stack.resolved_overrides(self.plan.seed)
+        configs, overrides = list(stack.configs), stack.resolved_overrides(self.plan.seed)
+        if self.plan.colocate:  # the policy server is the transformers server that hosts the trainer
+            from .colocate import colocate_config, colocate_overrides
+
+            try:
+                configs.append(colocate_config())
+            except FileNotFoundError as exc:
+                raise ApplyError(str(exc)) from None
+            overrides = colocate_overrides(self.plan) + overrides
         if model_path is not None:
             overrides.append(f"{POLICY}.model_path={model_path}")
-        self.stack = Stack(load_stack(stack.configs, overrides))
+        self.stack = Stack(load_stack(configs, overrides))
         self.registry = self.stack.start(timeout_s=timeout_s)
         self.model_path = model_path
 
@@ -82,7 +92,7 @@ class Serving:
         """Start serving the base model; for `merged`, as a `serve_dtype` copy named policy-base."""
         if mode != "merged":
             self.start()
-            if mode == "lora":
+            if mode in ("lora", "memory"):
                 self.version = asyncio.run(listed_version(self.registry, POLICY, None))
             return
         from ..trainers.gguf_export import write_merged_gguf
@@ -117,6 +127,14 @@ class Serving:
             self.version = Path(path).stem
         elif artefact is None:
             self.version = asyncio.run(listed_version(self.registry, POLICY, None))  # the base model, by its own name
+        elif mode == "memory":
+            from ..trainers.base import TrainingFailed
+            from .colocate import publish
+
+            try:
+                self.version = publish(self.registry, artefact, asyncio.run(listed_version(self.registry, POLICY, None)))
+            except TrainingFailed as exc:
+                raise ApplyError(str(exc)) from None
         else:
             self.version = asyncio.run(self._load_lora(artefact))
             self.lora_loaded.add(artefact.version)

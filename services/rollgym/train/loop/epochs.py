@@ -147,6 +147,11 @@ class TrainLoop:
         tqdm.monitor_interval = 0  # no monitor thread: the launcher forks servers only from a single thread
         started = time.perf_counter()
         self.serving.serve_base(mode, plan.base_model)
+        if plan.colocate:  # the grpo steps run inside the policy server (colocate.py)
+            from .colocate import ColocatedTrainer
+
+            for name in ("grpo", "trl_grpo"):
+                self.trainers.instances[name] = ColocatedTrainer(self.serving)
         self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
         try:
             applied = self._artefact("applied")

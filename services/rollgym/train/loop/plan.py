@@ -44,6 +44,7 @@ from ...config import StrictModel, import_target, key_problems, read_mapping, se
 from ...data.rollout_filters import DifficultyConfig
 from ...data.sampling import temperature_schedule
 from ...sampling_contract import params_problems, temperature_of
+from .colocate import colocate_problems
 from .curation import CurateConfig, SegmentMode, unverified_problem
 from .dynamic_sampling import difficulty_problem
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
@@ -160,9 +161,11 @@ class StageConfig(StrictModel):
     curate: CurateConfig = Field(default_factory=CurateConfig)
     optimize: OptimizeConfig
     teacher: TeacherConfig | None = Field(default=None, description="on-policy distillation (loop/teacher.py)")
-    apply: Literal["lora", "merged", "none"] = Field(
+    apply: Literal["lora", "merged", "memory", "none"] = Field(
         default="merged", description="lora: hot-load the adapter (POST /v1/load_lora_adapter); merged: serve the "
-                                      "merged weights as a GGUF of serve_dtype (embedded model); none")
+                                      "merged weights as a GGUF of serve_dtype (embedded model); memory (the "
+                                      "default under colocate: true): the co-located server serves the trainer's "
+                                      "weights, published in memory; none")
 
     @model_validator(mode="after")
     def _has_data(self) -> "StageConfig":
@@ -247,6 +250,17 @@ class Plan(StrictModel):
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
                                       description="where history's numbers also go: tensorboard (default), wandb, none")
+    colocate: bool = Field(default=False, description="the policy model server (transformers) and the grpo trainer "
+                           "in one process on one device, sharing the weights; each step is published in memory "
+                           "(apply: memory, the default then). docs/train-loop.md")
+
+    @model_validator(mode="after")
+    def _colocate_apply(self) -> "Plan":
+        """Under colocate a stage that names no apply publishes in memory; memory needs colocate."""
+        for stage in self.stages:
+            if self.colocate and "apply" not in stage.model_fields_set:
+                stage.apply = "memory"
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "Plan":
@@ -274,6 +288,7 @@ class Plan(StrictModel):
         if "merged" in modes and self.base_model != "bundled" and not self.base_model.endswith(".gguf"):
             problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
+        problems += colocate_problems(self)
         problems += self._sampling_problems() + self._full_weight_problems() + teacher_plan_problems(self._teachers())
         if problems:  # every one, one per line (load_plan gives each line the file and key)
             raise ValueError("\n".join(problems))
