@@ -197,3 +197,21 @@ def test_what_a_dead_server_left_is_swept(tmp_path: Path) -> None:
     finally:
         spaces.shutdown()
     assert not (tmp_path / "ws" / ws).exists()
+
+
+def test_a_path_exposed_below_tmp_is_seen_read_only_beside_the_private_tmp(tmp_path: Path) -> None:
+    """A checkout or venv that lives under /tmp (pytest's tmp_path does) is exposed inside the sandbox
+    although the sandbox gets a /tmp of its own."""
+    from rollgym.sandbox import SandboxLimits, detect_isolation, run_program
+
+    isolation = detect_isolation("auto", uid_base=UID_BASE + 40, uid_count=4)
+    if isolation.mode != "namespaces":
+        pytest.skip("needs the namespaces mode (root with CAP_SYS_ADMIN)")
+    assert str(tmp_path).startswith("/tmp/")
+    (tmp_path / "tool.txt").write_text("exposed\n")
+    os.chmod(tmp_path, 0o755)
+    result = run_program(["/bin/sh", "-c", f"cat {tmp_path}/tool.txt; touch {tmp_path}/x; ls /tmp"],
+                         isolation, SandboxLimits(), uid=UID_BASE + 41, expose=(str(tmp_path),))
+    assert result.stdout.splitlines()[0] == "exposed"
+    assert "Read-only file system" in result.stderr and not (tmp_path / "x").exists()
+    assert "sandbox" in result.stdout.split()  # the private /tmp holds the work directory

@@ -196,12 +196,17 @@ def build_root(cfg):
 
     mount("tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     root = lambda path: NEW_ROOT + path  # noqa: E731
-    for path, link, fd, is_dir in exposed:
-        if link is not None:
-            os.symlink(link, root(path))
-        else:
-            bind(f"/proc/self/fd/{fd}", root(path), is_dir)
-            os.close(fd)
+
+    def expose(entries):
+        for path, link, fd, is_dir in entries:
+            if link is not None:
+                os.symlink(link, root(path))
+            else:
+                bind(f"/proc/self/fd/{fd}", root(path), is_dir)
+                os.close(fd)
+
+    # A path exposed below /tmp (a checkout or venv there) is bound once the private /tmp is mounted.
+    expose([entry for entry in exposed if not under(entry[0], "/tmp")])
 
     os.mkdir(root("/etc"), 0o755)
     name = cfg["user_name"]
@@ -236,6 +241,7 @@ def build_root(cfg):
         os.chown(root(f"{SANDBOX_DIR}/{file_name}"), uid, gid)
     os.chown(root(SANDBOX_DIR), uid, gid)
 
+    expose([entry for entry in exposed if under(entry[0], "/tmp")])
     for fd, target in binds:  # after /tmp: a workspace may sit below it
         bind(f"/proc/self/fd/{fd}", root(target), True, readonly=False)
         os.close(fd)
