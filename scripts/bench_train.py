@@ -21,7 +21,10 @@ between the trainer's bf16-autocast and fp32 logprobs on the same tokens.
 Model FLOPs per token, full weights: 6·N (N: the decoder's matrix weights) + 6·L·d·T (causal
 attention over a rollout of T tokens) and 6·V·d per loss token (the output layer sees only those);
 with a LoRA the frozen weights get no weight gradient, so 4·N and 4·V·d (attention has no weights:
-still 6·L·d·T).
+still 6·L·d·T). Two more MFU columns count the same step otherwise: `-attn` leaves attention's FLOPs out
+(the matrix weights only), and `tt` counts them as torchtitan's and prime-rl's perf.py do, 6·N' + 12·L·d·S
+per token (N': every parameter but the input embedding, the output layer on every token; S: the row's
+length, packed rows counted whole; no causal halving).
 """
 
 from __future__ import annotations
@@ -129,8 +132,9 @@ def synthetic_batch(vocab: int, rollouts: int, prompt: int, completion: int) -> 
     return out
 
 
-def model_flops(model: Any, batch: list[Any], full: bool) -> float:
-    """Model FLOPs of one training step on `batch` (see the module's docstring)."""
+def model_flops(model: Any, batch: list[Any], full: bool, attention: bool = True) -> float:
+    """Model FLOPs of one training step on `batch` (see the module's docstring); `attention` False: the
+    matrix weights' FLOPs only."""
     causal = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = causal.config
     head = causal.get_output_embeddings().weight
@@ -141,9 +145,26 @@ def model_flops(model: Any, batch: list[Any], full: bool) -> float:
     for seq in batch:
         length = seq.length
         flops += factor * body * length
-        flops += 6 * config.num_hidden_layers * config.hidden_size * length * length  # causal: half of 12·L·d·T²
+        if attention:
+            flops += 6 * config.num_hidden_layers * config.hidden_size * length * length  # causal: half of 12·L·d·T²
         flops += factor * head.numel() * seq.loss_tokens
     return flops
+
+
+def torchtitan_flops(model: Any, batch: list[Any], seq_len: int | None) -> float:
+    """FLOPs of the step as torchtitan's and prime-rl's perf.py count them: (6·N' + 12·L·d·S) per token,
+    N' every parameter but the input embedding, S the row's length (a packed row counted whole)."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal.config
+    embedding = causal.get_input_embeddings().weight
+    params = sum(p.numel() for p in {id(p): p for p in causal.parameters()}.values()
+                 if p is not embedding and p.dim() > 0)
+    if causal.get_output_embeddings().weight is embedding:  # tied: the output layer still does its matmul
+        params += embedding.numel()
+    tokens = sum(seq.length for seq in batch)
+    rows = [seq_len] * math.ceil(tokens / seq_len) if seq_len else [seq.length for seq in batch]
+    attention = sum(12 * config.num_hidden_layers * config.hidden_size * row * row for row in rows)
+    return 6 * params * tokens + attention * tokens / sum(rows)
 
 
 def state_estimate(model: Any) -> float:
@@ -252,9 +273,13 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
     tokens = sum(seq.length for seq in batch)
     peak = peak_flops(device)
     flops = model_flops(trainer.model, batch, full=finetune == "full")
+    matmul_flops = model_flops(trainer.model, batch, full=finetune == "full", attention=False)
+    tt_flops = torchtitan_flops(trainer.model, batch, options.seq_len)
     row = {"model": name, "finetune": finetune, "params": sum(p.numel() for p in trainer.model.parameters()),
            "tokens": tokens, "step_s": seconds, "tokens_s": tokens / seconds,
            "mfu": flops / seconds / peak if peak else None, "peak_gib": peak_memory(device),
+           "mfu_no_attention": matmul_flops / seconds / peak if peak else None,
+           "mfu_torchtitan": tt_flops / seconds / peak if peak else None,
            "state_gib": state_estimate(trainer.model) / 2**30, "bf16_gap": gap,
            "estimate_gib": (state_estimate(trainer.model)
                             + activation_estimate(trainer.model, options, options.completion / (options.prompt
@@ -284,17 +309,20 @@ def step_benchmark(options: argparse.Namespace) -> None:
           f"tokens, {rows}, micro-batches of {options.micro_batch_tokens} tokens, {options.steps} timed steps "
           f"after {options.warmup} "
           f"({'bf16 autocast' if options.device == 'cuda' else 'fp32'}, fp32 master weights)")
-    print(f"{'model':<10} {'finetune':<8} {'params':>9} {'step s':>8} {'tokens/s':>10} {'MFU':>6} "
+    print("MFU: 6·N + 6·L·d·T per rollout of T tokens + 6·V·d per loss token (LoRA: 4·N, 4·V·d); -attn: without "
+          "6·L·d·T; tt: 6·N' + 12·L·d·S per token (torchtitan's, prime-rl's perf.py); per GPU")
+    print(f"{'model':<10} {'finetune':<8} {'params':>9} {'step s':>8} {'tokens/s':>10} {'MFU':>6} {'-attn':>6} {'tt':>6} "
           f"{'peak GiB':>9} {'state GiB':>9} {'est. GiB':>9} {'bf16 |Δ|':>9}")
     for name, make in makers.items():
         if options.models and name not in options.models:
             continue
         for finetune in ("lora", "full"):
             row = bench_step(name, make, finetune, options)
-            mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "n/a"
+            mfu, no_attention, titan = (f"{row[key]:.1%}" if row[key] is not None else "n/a"
+                                        for key in ("mfu", "mfu_no_attention", "mfu_torchtitan"))
             gap = f"{row['bf16_gap']:.4f}" if row["bf16_gap"] is not None else "-"
             print(f"{name:<10} {finetune:<8} {row['params'] / 1e6:>8.1f}M {row['step_s']:>8.3f} "
-                  f"{row['tokens_s']:>10.0f} {mfu:>6} {row['peak_gib']:>9.2f} {row['state_gib']:>9.2f} "
+                  f"{row['tokens_s']:>10.0f} {mfu:>6} {no_attention:>6} {titan:>6} {row['peak_gib']:>9.2f} {row['state_gib']:>9.2f} "
                   f"{row['estimate_gib']:>9.2f} {gap:>9}",
                   flush=True)
 

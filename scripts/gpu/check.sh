@@ -203,7 +203,7 @@ else
     code=$?
     rows=$(grep -E "^[A-Za-z0-9._-]+ +(lora|full) " "$LOGS/bench.log")
     if [ -n "$rows" ]; then
-        ROW[bench]="$(grep -E "tokens/s" "$LOGS/bench.log" | head -1)"$'\n'"$rows"
+        ROW[bench]="$(grep -E "^MFU: " "$LOGS/bench.log" | head -1)"$'\n'"$(grep -E "tokens/s" "$LOGS/bench.log" | head -1)"$'\n'"$rows"
         [ "$code" != 0 ] && ROW[bench]="${ROW[bench]}"$'\n'"(exit $code: see logs/bench.log)"
     else
         ROW[bench]="no result rows, exit $code: $(tail -1 "$LOGS/bench.log")"
