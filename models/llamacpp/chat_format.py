@@ -112,6 +112,33 @@ def template_source(value: str) -> str:
 # --------------------------------------------------------------------------- forced tool calls
 
 
+# SchemaConverter writes a bound `{0,n}` as n nested optional groups, which llama.cpp's grammar parser walks
+# recursively: at 20 000 it overflows the stack and the process dies. Bounds above this many repetitions are
+# looser than any output budget, so an upper one is dropped (the environment still validates the arguments)
+# and a lower one is refused by name.
+REPEAT_LIMIT = 1000
+UPPER_BOUNDS = ("maxLength", "maxItems", "maxProperties")
+LOWER_BOUNDS = ("minLength", "minItems", "minProperties")
+
+
+def bounded_schema(schema: Any, where: str) -> Any:
+    """`schema` with every upper repetition bound above REPEAT_LIMIT dropped; ValueError naming the keyword's
+    place for a lower bound above it."""
+    if isinstance(schema, list):
+        return [bounded_schema(item, f"{where}[{i}]") for i, item in enumerate(schema)]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in UPPER_BOUNDS and isinstance(value, int) and value > REPEAT_LIMIT:
+            continue
+        if key in LOWER_BOUNDS and isinstance(value, int) and value > REPEAT_LIMIT:
+            raise ValueError(f"{where}.{key}: {value} is more than a forced tool call's grammar can require "
+                             f"(at most {REPEAT_LIMIT})")
+        out[key] = bounded_schema(value, f"{where}.{key}")
+    return out
+
+
 def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
     """GBNF forcing exactly one ``<tool_call>`` of one of ``tools`` (chat format).
 
@@ -120,11 +147,13 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
     After the root completes, llama.cpp's grammar sampler only admits
     end-of-generation tokens (a token reference such as ``<[2]>`` to an EOG token
     is rejected by the sampler and aborts the process, so the end is left implicit).
+    Repetition bounds above REPEAT_LIMIT: see bounded_schema.
     """
     alternatives = []
     for tool in tools:
         function = tool["function"]
-        parameters = function.get("parameters") or {"type": "object", "properties": {}}
+        parameters = bounded_schema(function.get("parameters") or {"type": "object", "properties": {}},
+                                    f"tools[{function['name']}].function.parameters")
         alternatives.append(
             {
                 "type": "object",
@@ -143,5 +172,5 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
 
 
 __all__ = ["BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "END_OF_TURN_TEXTS", "RESERVED_TEMPLATE_VARIABLES",
-           "compile_template", "messages_for_plain_template", "messages_for_tool_template", "template_source",
+           "REPEAT_LIMIT", "bounded_schema", "compile_template", "messages_for_plain_template", "messages_for_tool_template", "template_source",
            "tool_call_grammar"]

@@ -177,6 +177,25 @@ def test_a_forced_tool_call_says_which_tokens_the_grammar_forced(engine: LlamaEn
     assert free.generation_constrained is None
 
 
+def note_tool(**string_bounds: int) -> dict:
+    return {"type": "function", "function": {"name": "write_note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", **string_bounds}}, "required": ["text"]}}}
+
+
+def test_a_forced_call_survives_a_huge_length_bound_and_refuses_an_impossible_one(engine: LlamaEngine) -> None:
+    # maxLength 100 000 used to make llama.cpp's grammar parser overflow its stack: the server died mid-request.
+    messages = [{"role": "user", "content": "Write a note saying hello."}]
+    forced = {"type": "function", "function": {"name": "write_note"}}
+    result = engine.generate(messages, tools=[note_tool(maxLength=100_000)], tool_choice=forced, max_tokens=40,
+                             temperature=1.0, seed=1)
+    assert result.finish_reason == "tool_calls" and result.tool_calls[0]["function"]["name"] == "write_note"
+    with pytest.raises(ValueError, match=r"tools\[write_note\]\.function\.parameters\.properties\.text\.minLength"):
+        engine.generate(messages, tools=[note_tool(minLength=100_000)], tool_choice=forced, max_tokens=4, seed=1)
+    within = engine.generate(messages, tools=[note_tool(maxLength=3)], tool_choice=forced, max_tokens=40,
+                             temperature=1.0, seed=1)
+    assert len(json.loads(within.tool_calls[0]["function"]["arguments"])["text"]) <= 3  # a bound within the limit binds
+
+
 def test_stop_string_cuts_text_but_keeps_tokens(engine: LlamaEngine) -> None:
     messages = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
     result = engine.generate(messages, max_tokens=40, temperature=0.0, stop=["5"])
