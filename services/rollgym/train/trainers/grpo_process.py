@@ -16,6 +16,7 @@ run, the guard serving an earlier model again) makes it load that checkpoint fir
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -80,7 +81,8 @@ class LongLivedTrainer:
     starting it on the first step, and again after it died or when the process settings change."""
 
     # Settings a running process cannot change: another value starts a new process.
-    PROCESS_KEYS = ("finetune", "lora", "precision", "gradient_checkpointing", "compile", "threads", "processes")
+    PROCESS_KEYS = ("finetune", "lora", "precision", "gradient_checkpointing", "compile", "threads", "processes",
+                    "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_backend")
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
@@ -113,7 +115,7 @@ class LongLivedTrainer:
         args = grpo_args(config)
         key = (config.base_model, config.seed, args.model_dump(include=set(self.PROCESS_KEYS)))
         if not self.alive() or key != self.key or control != self.control:
-            self._start(control, args.processes)
+            self._start(control, args)
             self.key = key
         output_dir = Path(config.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -124,18 +126,21 @@ class LongLivedTrainer:
         self.number += 1
         return StepJob(self, output_dir)
 
-    def _start(self, control: Path, processes: int) -> None:
+    def _start(self, control: Path, args: GRPOConfig) -> None:
         self.close()
         (control / "requests").mkdir(parents=True, exist_ok=True)
         for old in (control / "requests").glob("*.json"):
             old.unlink()
         (control / STOP_FILE).unlink(missing_ok=True)
         self.control, self.number = control, 0
-        command = [sys.executable, "-m", "rollgym.train.trainers.grpo_process", str(control)]
-        if processes > 1:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-                       "-m", "rollgym.train.trainers.grpo_process", str(control)]
+        command = launch_command(args, control)
         with self.log.open("ab") as log:
+            if args.multi_node:
+                others = [n for n in range(args.nnodes) if n != args.node_rank]
+                log.write(f"the trainer waits at {args.rdzv_endpoint} for nodes {others}; on each, with "
+                          f"{control} on a shared filesystem: {shlex.join(launch_command(args, control, 'NODE'))}"
+                          "\n".encode())
+                log.flush()
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=own_group_dies_with_parent)
 
@@ -157,6 +162,23 @@ class LongLivedTrainer:
                 except subprocess.TimeoutExpired:
                     continue
         self.process = None
+
+
+def launch_command(args: GRPOConfig, control: Path, node_rank: int | str | None = None,
+                   python: str = sys.executable) -> list[str]:
+    """The command that starts the trainer process(es) on a node: one process plainly; several on one node
+    under `torchrun --standalone`; over several nodes, torchrun's c10d rendezvous at `rdzv_endpoint`, which
+    every node runs with its own `node_rank` (default: the loop's) and the same control folder."""
+    target = ["-m", "rollgym.train.trainers.grpo_process", str(control)]
+    if args.processes == 1 and not args.multi_node:
+        return [python, *target]
+    if not args.multi_node:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank if node_rank is None else node_rank}",
+                      f"--rdzv-backend={args.rdzv_backend}", f"--rdzv-endpoint={args.rdzv_endpoint}",
+                      f"--rdzv-id={args.rdzv_id}"]
+    return [python, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={args.processes}", *target]
 
 
 # ---------------------------------------------------------------------------- the process

@@ -131,15 +131,17 @@ class PolicyTrainer:
         if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
             for layer in decoder_layers(module.causal()):
                 layer.compile(dynamic=True)
-        # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest);
-        # a LoRA's few weights are replicated (DDP).
+        # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest; over
+        # several nodes HSDP, sharded within a node and replicated across: DistInfo.mesh); a LoRA's few
+        # weights are replicated (DDP).
         self.sharded = self.dist.distributed and self.args.finetune == "full"
         if self.sharded:
             from torch.distributed.fsdp import fully_shard
 
+            mesh = self.dist.mesh()
             for layer in decoder_layers(module.causal()):
-                fully_shard(layer)
-            fully_shard(module)
+                fully_shard(layer, mesh=mesh)
+            fully_shard(module, mesh=mesh)
         elif self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
