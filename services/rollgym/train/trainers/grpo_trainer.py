@@ -17,9 +17,9 @@ under a grammar (`completion_constrained`) have no teacher term (grpo_loss).
 
 Data parallel: started under torchrun (WORLD_SIZE > 1) the trainer joins the process group (gloo on
 CPU, nccl on GPUs), wraps a LoRA model in DDP and shards full weights with FSDP2 (`fully_shard` per
-decoder layer), and each process takes every WORLD_SIZE-th rollout of a batch, computing π_old and the
-reference logprobs for those only. The loss scales are computed over the whole batch first, so 1 and N
-processes take the same step.
+decoder layer; over several nodes HSDP), and each process takes its share of a batch split by tokens
+(`token_shards`), computing π_old and the reference logprobs for those only. The loss scales are computed
+over the whole batch first, so 1 and N processes take the same step.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ from typing import Any
 
 from .base import TrainingFailed
 from .distributed import DistInfo
-from .grpo_batch import TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of
+from .grpo_batch import (
+    TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of, token_shards,
+)
 from .grpo_config import GRPOConfig
 from .grpo_loss import policy_loss, sequence_scales
 from .lr_schedule import fresh_schedule, lr_schedule, schedule_settings
@@ -411,11 +413,18 @@ class PolicyTrainer:
                                        tensors["segments"])
 
     def _own(self, batch: list[TrainSequence]) -> list[int]:
-        """The indices of the sequences of `batch` this process's optimizer steps take (its shard: in each
-        mini-batch part, every WORLD_SIZE-th sequence from its rank), in order."""
-        dist = self.dist
-        return sorted(part[j] for part in mini_batch_parts(batch, self.args.mini_batches)
-                      for j in range(len(part)) if j % dist.world == dist.rank)
+        """The indices of the sequences of `batch` this process's optimizer steps take (its shard of each
+        mini-batch part: `_shard`), in order."""
+        return sorted(i for part in mini_batch_parts(batch, self.args.mini_batches) for i in self._shard(batch, part))
+
+    def _shard(self, batch: list[TrainSequence], indices: list[int]) -> list[int]:
+        """This process's share of `indices` (the sequences with loss tokens among them): a split by tokens
+        (`token_shards`), which every process computes alike."""
+        wanted = [i for i in indices if batch[i].loss_tokens]
+        if not self.dist.distributed:
+            return wanted
+        shards = token_shards([batch[i].length for i in wanted], self.dist.world)
+        return [wanted[k] for k in shards[self.dist.rank]]
 
     def _logprobs_no_grad(self, batch: list[TrainSequence], indices: list[int] | None = None) -> list[Any]:
         """Per sequence of `indices` (default: every one; the others are left empty), the current policy's
@@ -455,7 +464,7 @@ class PolicyTrainer:
         args = self.args
         dist = self.dist
         scales = sequence_scales([s.loss_tokens for s in batch], args.loss, rollout_keys(batch))
-        mine = [i for i in range(len(batch)) if i % dist.world == dist.rank and batch[i].loss_tokens]
+        mine = self._shard(batch, list(range(len(batch))))
         micro = self._micro_batches(mine, batch)
         # Every process runs as many forward/backward passes as the busiest one (FSDP gathers weights
         # in each forward, DDP reduces in the last backward): the extra ones count for nothing (scale 0).
