@@ -1,5 +1,5 @@
 """One trainer process of test_grpo_nodes.py's two "nodes", started by torchrun (its rendezvous sets RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): a full-weight step on `batch()` recording the gradients (whole,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): the model loaded by rank 0 alone and sharded, a full-weight step on `batch()` recording the gradients (whole,
 before AdamW applies them), a sharded checkpoint, the next step, and a new trainer resumed from that
 checkpoint taking the same next step. Global rank 0 writes what it saw to OUT/rank0.pt.
 
@@ -49,13 +49,49 @@ def recording_gradients(trainer: PolicyTrainer) -> list[dict[str, Any]]:
     return seen
 
 
+def loaded_as_on_disk(trainer: PolicyTrainer, model: str) -> dict[str, Any]:
+    """How each process loaded the model (its calls of load_base) and whether the sharded model it holds is
+    the one on disk: every weight (gathered) and every buffer of every process (rotary frequencies, which
+    no state dict carries)."""
+    from transformers import AutoModelForCausalLM
+
+    buffers: list[Any] = [None] * trainer.dist.world
+    torch.distributed.all_gather_object(buffers, {n: b.clone() for n, b in trainer.model.named_buffers()})
+    loads: list[Any] = [None] * trainer.dist.world
+    torch.distributed.all_gather_object(loads, LOADS)
+    held = weights(trainer)
+    disk = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    return {"loads": loads,
+            "weights": held.keys() == dict(disk.named_parameters()).keys()
+            and all(torch.equal(held[n], p) for n, p in disk.named_parameters()),
+            "buffers": all(b.keys() == dict(disk.named_buffers()).keys()
+                           and all(torch.equal(b[n], v) for n, v in disk.named_buffers()) for b in buffers)}
+
+
+LOADS: list[str] = []
+
+
+def counting_loads() -> None:
+    from rollgym.train.trainers import policy
+
+    load_base = policy.load_base
+
+    def counted(source: str) -> Any:
+        LOADS.append(source)
+        return load_base(source)
+
+    policy.load_base = counted
+
+
 def main(model: str, out: str) -> None:
     torch.set_num_threads(1)
+    counting_loads()
     trainer = PolicyTrainer(GRPOConfig(**SETTINGS), model, seed=1)
     trainer.load(None)
     first = next(trainer.model.parameters())
     layout = {"world": trainer.dist.world, "nodes": trainer.dist.nodes, "mesh": tuple(first.device_mesh.shape),
               "mesh_dims": first.device_mesh.mesh_dim_names, "placements": [type(p).__name__ for p in first.placements]}
+    loaded = loaded_as_on_disk(trainer, model)
     grads = recording_gradients(trainer)
     metrics = trainer.train_batch(batch())
     stepped = weights(trainer)
@@ -64,7 +100,7 @@ def main(model: str, out: str) -> None:
     resumed = PolicyTrainer(trainer.args, model, seed=1)
     resumed.load(str(Path(out) / "checkpoint" / "model"))
     after_resume = resumed.train_batch(batch()[::-1])
-    result = {"layout": layout, "metrics": metrics, "grads": grads[0], "weights": stepped,
+    result = {"layout": layout, "loaded": loaded, "metrics": metrics, "grads": grads[0], "weights": stepped,
               "continued": (continued, weights(trainer)), "resumed": (after_resume, weights(resumed))}
     if trainer.dist.rank == 0:
         torch.save(result, Path(out) / "rank0.pt")

@@ -1,7 +1,8 @@
 """Two nodes of two processes, as a cluster runs them: two torchrun launches (node ranks 0 and 1) meeting at a
 c10d rendezvous on loopback, gloo, full weights sharded within each node and replicated across (HSDP, a 2-D
-device mesh). The step's loss, gradients and updated weights are the one-process step's on the same batch;
-a trainer resumed from the sharded checkpoint takes exactly the next step of the one that went on."""
+device mesh), the model read by rank 0 alone and broadcast shard by shard. The step's loss, gradients and
+updated weights are the one-process step's on the same batch; a trainer resumed from the sharded checkpoint
+takes exactly the next step of the one that went on."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def test_two_nodes_of_two_processes_take_the_one_process_step_and_resume_exactly
     nodes = torch.load(tmp_path / "rank0.pt", weights_only=False)
     assert nodes["layout"] == {"world": 4, "nodes": 2, "mesh": (2, 2), "mesh_dims": ("replicate", "shard"),
                                "placements": ["Replicate", "Shard"]}
+    # Only rank 0 read the model (the others built it on the meta device and received their shards), and
+    # every process holds the weights and buffers on disk.
+    assert nodes["loaded"] == {"loads": [[tiny_model], [], [], []], "weights": True, "buffers": True}
 
     single = PolicyTrainer(GRPOConfig(**SETTINGS), tiny_model, seed=1)
     single.load(None)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import random
-import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -37,14 +36,13 @@ from .distributed import DistInfo
 from .grpo_batch import (
     TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of, token_shards,
 )
+from .grpo_checkpoint import STATE_FILE, checkpoint_of, restore, save
 from .grpo_config import GRPOConfig
 from .grpo_loss import policy_loss, sequence_scales
-from .lr_schedule import fresh_schedule, lr_schedule, schedule_settings
+from .lr_schedule import lr_schedule
 from .packed_attention import segment_boundaries, use_varlen
+from .sharding import full_model, receive_weights, shard, whole_weights
 from .token_logprobs import decoder_layers, token_logprobs_module
-
-STATE_FILE = "trainer_state.pt"
-OPTIMIZER_SHARDS = "optimizer"  # sharded: each process's part of AdamW's state (torch.distributed.checkpoint)
 
 
 def combined(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -101,26 +99,31 @@ class PolicyTrainer:
         torch.manual_seed(self.seed)
         if self.args.finetune == "full":
             source = str(Path(checkpoint) / "model") if checkpoint else init
-            model, _ = load_base(source or self.base_model)
+            model = full_model(source or self.base_model, self.dist)  # sharded: rank 0 alone reads it
             if self.dist.rank == 0:
                 base, _ = load_base(self.base_model) if source else (model, None)
                 self.base_weights = {n: p.detach().clone() for n, p in base.named_parameters()}
         else:
             adapter = str(Path(checkpoint) / "adapter") if checkpoint else init
             model, _ = load_policy(self.base_model, adapter, self.args.lora)
-        self.use_model(model)
+        self.use_model(model, from_rank0=self.args.finetune == "full" and self.dist.distributed)
         if checkpoint:
             self._restore_state(Path(checkpoint))
         self.checkpoint = init
         self.load_s = round(time.perf_counter() - started, 3)
 
-    def use_model(self, model: Any) -> None:
+    def use_model(self, model: Any, from_rank0: bool = False) -> None:
         """Train `model` (a causal LM; a PEFT model for finetune: lora) from a fresh optimizer and schedule:
         placed on this process's device and wrapped for data parallelism. `load` calls it; a benchmark
-        gives it a randomly initialised model."""
+        gives it a randomly initialised model. `from_rank0` (full weights over several processes): rank 0's
+        weights are every process's, the others' model being on the meta device (`sharding.full_model`)."""
         import torch
 
-        model.to(self.device)
+        # Full weights over several processes are sharded (FSDP2 moves each unit to the device as it
+        # shards it); a LoRA's few weights are replicated (DDP).
+        self.sharded = self.dist.distributed and self.args.finetune == "full"
+        if not self.sharded:
+            model.to(self.device)
         if self.args.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -133,17 +136,11 @@ class PolicyTrainer:
         if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
             for layer in decoder_layers(module.causal()):
                 layer.compile(dynamic=True)
-        # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest; over
-        # several nodes HSDP, sharded within a node and replicated across: DistInfo.mesh); a LoRA's few
-        # weights are replicated (DDP).
-        self.sharded = self.dist.distributed and self.args.finetune == "full"
-        if self.sharded:
-            from torch.distributed.fsdp import fully_shard
-
-            mesh = self.dist.mesh()
-            for layer in decoder_layers(module.causal()):
-                fully_shard(layer, mesh=mesh)
-            fully_shard(module, mesh=mesh)
+        if self.sharded:  # each decoder layer, then the rest; over several nodes HSDP (DistInfo.mesh)
+            weights = whole_weights(module, self.dist) if from_rank0 else {}
+            shard(module, module.causal(), self.dist)
+            if from_rank0:
+                receive_weights(module, weights, self.dist)
         elif self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -157,88 +154,12 @@ class PolicyTrainer:
         self.scheduler = lr_schedule(self.optimizer, self.args)
         self.step = 0
 
-    def _schedule_settings(self) -> dict[str, Any]:
-        return schedule_settings(self.args)
-
-    def _fresh_schedule(self) -> None:
-        self.scheduler = fresh_schedule(self.optimizer, self.args)
-
     def save_checkpoint(self, folder: Path) -> Path:
-        """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt, written beside and renamed into
-        place, so a kill leaves either the whole checkpoint or none. Rank 0 writes them; sharded (FSDP),
-        every process writes its own shard of AdamW's state into optimizer/ (torch.distributed.checkpoint),
-        so nothing of it is gathered, and only the weights the server loads are."""
-        import numpy as np
-        import torch
-
-        folder = Path(folder)
-        partial = folder.with_name(folder.name + ".partial")  # a name every process knows
-        optimizer_state = None if self.sharded else self.optimizer.state_dict()
-        if self.dist.rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-        if self.sharded:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-            )
-
-            weights = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
-                                                                                 cpu_offload=True))
-            self.gathered = {name.removeprefix("lm."): value for name, value in weights.items()}
-            self.dist.barrier()
-            dcp.save({"optimizer": get_optimizer_state_dict(self.module, self.optimizer)},
-                     checkpoint_id=str(partial / OPTIMIZER_SHARDS))
-        if self.dist.rank == 0:
-            target = partial / ("model" if self.args.finetune == "full" else "adapter")
-            if self.sharded:
-                self.model.save_pretrained(target, state_dict=self.gathered)
-            else:
-                self.model.save_pretrained(target)
-            torch.save({"step": self.step, "optimizer": optimizer_state, "sharded": self.sharded,
-                        "scheduler": self.scheduler.state_dict(), "schedule": self._schedule_settings(),
-                        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                                "numpy": np.random.get_state(),
-                                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
-                        }, partial / STATE_FILE)
-            shutil.rmtree(folder, ignore_errors=True)
-            partial.replace(folder)
-        self.dist.barrier()
-        self.checkpoint = str(folder / ("model" if self.args.finetune == "full" else "adapter"))
-        return folder
+        """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt (grpo_checkpoint.save)."""
+        return save(self, Path(folder))
 
     def _restore_state(self, folder: Path) -> None:
-        import numpy as np
-        import torch
-
-        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-        if bool(state.get("sharded")) != self.sharded:
-            raise TrainingFailed(f"{folder}: its optimizer state was saved {'sharded' if state.get('sharded') else 'whole'}"
-                                 f"; resume it with the same finetune and processes settings")
-        if self.sharded and state.get("optimizer") is None:  # each process reads its own shard
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-            shards = {"optimizer": get_optimizer_state_dict(self.module, self.optimizer)}
-            dcp.load(shards, checkpoint_id=str(folder / OPTIMIZER_SHARDS))
-            set_optimizer_state_dict(self.module, self.optimizer, shards["optimizer"])
-        elif self.sharded:  # a checkpoint that gathered the optimizer state whole (as rollgym once wrote them)
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("schedule", self._schedule_settings()) == self._schedule_settings():
-            self.scheduler.load_state_dict(state["scheduler"])
-        else:
-            self._fresh_schedule()
-        self.step = int(state["step"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        if self.device.type == "cuda" and state["rng"].get("cuda") is not None:  # dropout on the GPU draws from it
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        restore(self, Path(folder))
 
     def merged_deltas(self) -> dict[str, Any]:
         """What `gguf_export.write_merged_gguf` adds to the base GGUF: LoRA deltas, or weights − base."""
@@ -550,17 +471,6 @@ class PolicyTrainer:
         return ({"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "rollouts": rollouts}
                 | objective.metrics(named, tokens)
                 | {"logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)} | taught)
-
-
-def checkpoint_of(path: str | None) -> str | None:
-    """The checkpoint folder a path belongs to (itself, or the parent of its adapter/ or model/), if any."""
-    if not path:
-        return None
-    folder = Path(path)
-    for candidate in (folder, folder.parent):
-        if (candidate / STATE_FILE).is_file():
-            return str(candidate)
-    return None
 
 
 __all__ = ["DistInfo", "PolicyTrainer", "STATE_FILE", "TrainSequence", "checkpoint_of", "combined", "decoder_layers",
