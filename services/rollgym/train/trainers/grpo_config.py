@@ -56,6 +56,10 @@ class GRPOConfig(BaseModel):
                          description="the run's rendezvous id: the same on every node")
     rdzv_backend: Literal["c10d"] = "c10d"
     epochs: float = Field(default=1.0, gt=0, description="passes over the curated groups")
+    checkpoint_every: int = Field(default=1, ge=1, description="write the resumable checkpoint (weights, AdamW, "
+                                  "schedule, RNG) every N steps and when the trainer stops; the steps between "
+                                  "keep only what serving reads (a LoRA's adapter). Sharded, AdamW's shards are "
+                                  "written in the background")
 
     @field_validator("node_rank")
     @classmethod

@@ -3,7 +3,8 @@ which loads the model once and keeps its optimizer, LR schedule and RNG state fr
 
     RUN/trainer/trainer.log               the process's output (all ranks)
     RUN/trainer/requests/NNNNNN.json      one per step, in order: the dataset and the TrainConfig
-    STEP/train/checkpoint/                what the step left: adapter/ (or model/) + trainer_state.pt
+    STEP/train/checkpoint/                what the step left: adapter/ (or model/) + trainer_state.pt (every
+                                          `checkpoint_every` steps and the last; between them, what serving reads)
     STEP/train/artefact.json              written last: the step is finished (failed.json: it failed, why)
 
 The process runs apart from the loop (`python -m rollgym.train.trainers.grpo_process RUN/trainer`, under
@@ -89,6 +90,7 @@ class LongLivedTrainer:
         self.control: Path | None = None
         self.key: Any = None
         self.number = 0
+        self.stop_s = 30.0  # how long a polite stop may take: the last step's checkpoint may be written then
 
     @property
     def log(self) -> Path:
@@ -117,6 +119,7 @@ class LongLivedTrainer:
         if not self.alive() or key != self.key or control != self.control:
             self._start(control, args)
             self.key = key
+        self.stop_s = 30.0 if args.checkpoint_every == 1 else 600.0
         output_dir = Path(config.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         for stale in (ARTEFACT_FILE, FAILED_FILE):
@@ -145,8 +148,9 @@ class LongLivedTrainer:
                                             preexec_fn=own_group_dies_with_parent)
 
     def close(self) -> None:
-        """Stop the process: asked politely it finishes the request at hand; one that does not stop is
-        sent SIGTERM (torchrun then stops its workers), and at last SIGKILL."""
+        """Stop the process: asked politely it finishes the request at hand (and checkpoints its last step if
+        that was between checkpoints); one that does not stop is sent SIGTERM (torchrun then stops its
+        workers), and at last SIGKILL."""
         import signal
 
         if self.process is None:
@@ -157,7 +161,7 @@ class LongLivedTrainer:
                 if sent is not None:
                     os.killpg(self.process.pid, sent)
                 try:
-                    self.process.wait(timeout=30 if sent is None else 15)
+                    self.process.wait(timeout=self.stop_s if sent is None else 15)
                     break
                 except subprocess.TimeoutExpired:
                     continue
@@ -211,9 +215,12 @@ def serve(control: Path) -> int:
     dist.init()
     trainer: PolicyTrainer | None = None
     number = 0
+    since = 0  # steps since the trainer's last resumable checkpoint
     while True:
         request = _next_request(control, number)
         if request is None:
+            if trainer is not None:  # its last step checkpointed, every background write in place
+                trainer.finish()
             return 0
         number += 1
         config = TrainConfig.model_validate(request["config"])
@@ -224,13 +231,20 @@ def serve(control: Path) -> int:
             loaded = 0.0
             if trainer is None or trainer.args != args or not _same_path(trainer.checkpoint, config.init_adapter):
                 # A new process, other settings, or another starting point than the state held here.
+                if trainer is not None:
+                    trainer.finish()
                 trainer = PolicyTrainer(args, config.base_model, config.seed)
                 trainer.load(config.init_adapter)
-                loaded = trainer.load_s
+                loaded, since = trainer.load_s, 0
             trained_from = time.perf_counter()
             metrics = trainer.train_records(read_records(Path(request["dataset"])))
             train_s = time.perf_counter() - trained_from
-            checkpoint = trainer.save_checkpoint(output_dir / "checkpoint")
+            since += 1
+            if since >= args.checkpoint_every:  # sharded: AdamW's shards written while the loop collects
+                trainer.save_checkpoint(output_dir / "checkpoint", background=True)
+                since = 0
+            else:
+                trainer.save_serving(output_dir / "checkpoint")
             metrics.update(load_s=round(loaded, 3), train_s=round(train_s, 3),
                            checkpoint_s=round(time.perf_counter() - trained_from - train_s, 3))
             serving = None

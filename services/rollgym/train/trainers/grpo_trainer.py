@@ -36,7 +36,7 @@ from .distributed import DistInfo
 from .grpo_batch import (
     TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of, token_shards,
 )
-from .grpo_checkpoint import STATE_FILE, checkpoint_of, restore, save
+from .grpo_checkpoint import STATE_FILE, checkpoint_of, not_resumable, restore, save, save_serving, settle
 from .grpo_config import GRPOConfig
 from .grpo_loss import policy_loss, sequence_scales
 from .lr_schedule import lr_schedule
@@ -83,6 +83,8 @@ class PolicyTrainer:
         self.base_weights: dict[str, Any] = {}
         self.sharded = False
         self.varlen = False
+        self.background: Any = None  # a checkpoint being written (grpo_checkpoint.Background)
+        self.unsaved: Path | None = None  # the last step's folder, when it was between checkpoints
 
     # ------------------------------------------------------------------ model and state
 
@@ -94,6 +96,8 @@ class PolicyTrainer:
         from .policy import load_base, load_policy
 
         started = time.perf_counter()
+        if not_resumable(init):
+            raise TrainingFailed(not_resumable(init))
         checkpoint = checkpoint_of(init)
         random.seed(self.seed)
         torch.manual_seed(self.seed)
@@ -154,9 +158,23 @@ class PolicyTrainer:
         self.scheduler = lr_schedule(self.optimizer, self.args)
         self.step = 0
 
-    def save_checkpoint(self, folder: Path) -> Path:
-        """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt (grpo_checkpoint.save)."""
-        return save(self, Path(folder))
+    def save_checkpoint(self, folder: Path, background: bool = False) -> Path:
+        """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt (grpo_checkpoint.save); sharded, with
+        `background`, AdamW's shards are written while the trainer goes on."""
+        return save(self, Path(folder), background)
+
+    def save_serving(self, folder: Path) -> Path:
+        """A step between checkpoints (`checkpoint_every`): what serving reads only; `finish` checkpoints it
+        if it is the last."""
+        self.unsaved = Path(folder)
+        return save_serving(self, Path(folder), self.args.checkpoint_every)
+
+    def finish(self) -> None:
+        """Before the trainer stops: its last step checkpointed if it was between checkpoints, and every write
+        in place."""
+        if self.unsaved is not None:
+            self.save_checkpoint(self.unsaved)
+        settle(self)
 
     def _restore_state(self, folder: Path) -> None:
         restore(self, Path(folder))
