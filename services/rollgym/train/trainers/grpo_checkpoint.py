@@ -78,10 +78,22 @@ def checkpoint_group(trainer: Any) -> Any:
     return trainer.checkpoint_pg
 
 
+def gather_weights(trainer: Any) -> None:
+    """Sharded: the full weights, gathered from every process into host memory on rank 0 (`trainer.gathered`:
+    what the checkpoint's model/ and a merged GGUF are made of). A collective: every process calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    weights = get_model_state_dict(trainer.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    trainer.gathered = {name.removeprefix("lm."): value for name, value in weights.items()}
+
+
 def save_serving(trainer: Any, folder: Path, every: int) -> Path:
     """A step between checkpoints: only what serving reads from disk (a LoRA's adapter; full weights are
-    served from memory: apply merged or memory) and a note that the step is not resumable."""
+    served from memory: apply merged or memory, sharded ones gathered for that) and a note that the step is
+    not resumable."""
     settle(trainer)
+    if trainer.sharded:
+        gather_weights(trainer)
     folder = Path(folder)
     partial = folder.with_name(folder.name + ".partial")
     if trainer.dist.rank == 0:
@@ -131,13 +143,9 @@ def save(trainer: Any, folder: Path, background: bool = False) -> Path:
         partial.mkdir(parents=True)
     if trainer.sharded:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        weights = get_model_state_dict(trainer.module, options=StateDictOptions(full_state_dict=True,
-                                                                             cpu_offload=True))
-        trainer.gathered = {name.removeprefix("lm."): value for name, value in weights.items()}
+        gather_weights(trainer)
         trainer.dist.barrier()
         shards = {"optimizer": get_optimizer_state_dict(trainer.module, trainer.optimizer)}
         if background:  # staged in host memory here, written by a thread
@@ -221,5 +229,5 @@ def checkpoint_of(path: str | None) -> str | None:
     return None
 
 
-__all__ = ["OPTIMIZER_SHARDS", "SERVING_ONLY", "STATE_FILE", "Background", "checkpoint_of", "not_resumable", "restore",
-           "save", "save_serving", "settle"]
+__all__ = ["OPTIMIZER_SHARDS", "SERVING_ONLY", "STATE_FILE", "Background", "checkpoint_of", "gather_weights",
+           "not_resumable", "restore", "save", "save_serving", "settle"]
