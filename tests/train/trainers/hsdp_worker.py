@@ -1,6 +1,6 @@
 """One trainer process of test_grpo_nodes.py's two "nodes", started by torchrun (its rendezvous sets RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): the model loaded by rank 0 alone and sharded, a full-weight step on `batch()` recording the gradients (whole,
-before AdamW applies them), a sharded checkpoint, the next step, and a new trainer resumed from that
+before AdamW applies them), a sharded checkpoint, the next step (then saved as a step between checkpoints), and a new trainer resumed from that
 checkpoint taking the same next step. Global rank 0 writes what it saw to OUT/rank0.pt.
 
     python -m torch.distributed.run --nnodes 2 --node-rank R ... hsdp_worker.py MODEL OUT
@@ -97,11 +97,16 @@ def main(model: str, out: str) -> None:
     stepped = weights(trainer)
     trainer.save_checkpoint(Path(out) / "checkpoint")
     continued = trainer.train_batch(batch()[::-1])
+    # A step between checkpoints (checkpoint_every): no optimizer state written, but the weights a merged GGUF
+    # is made of are this step's, gathered.
+    trainer.save_serving(Path(out) / "between")
+    held = weights(trainer)
+    gathered_now = trainer.dist.rank != 0 or all(torch.equal(trainer.gathered[n], held[n]) for n in held)
     resumed = PolicyTrainer(trainer.args, model, seed=1)
     resumed.load(str(Path(out) / "checkpoint" / "model"))
     after_resume = resumed.train_batch(batch()[::-1])
     result = {"layout": layout, "loaded": loaded, "metrics": metrics, "grads": grads[0], "weights": stepped,
-              "continued": (continued, weights(trainer)), "resumed": (after_resume, weights(resumed))}
+              "continued": (continued, held), "gathered_now": gathered_now, "resumed": (after_resume, weights(resumed))}
     if trainer.dist.rank == 0:
         torch.save(result, Path(out) / "rank0.pt")
     torch.distributed.destroy_process_group()

@@ -77,7 +77,8 @@ def test_two_nodes_of_two_processes_take_the_one_process_step_and_resume_exactly
 
     # The sharded checkpoint (each process's part of AdamW's state): resumed, the next step is the same one.
     continued, resumed = nodes["continued"], nodes["resumed"]
-    assert continued[0] == resumed[0]
+    assert continued[0] == resumed[0] and nodes["gathered_now"]
+    assert sorted(p.name for p in (tmp_path / "between").iterdir()) == ["serving_only.json"]
     assert all(torch.equal(continued[1][name], resumed[1][name]) for name in continued[1])
     assert len(list((tmp_path / "checkpoint" / "optimizer").glob("*.distcp"))) == 4
     single.train_batch(batch()[::-1])
