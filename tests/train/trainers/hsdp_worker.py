@@ -1,7 +1,8 @@
 """One trainer process of test_grpo_nodes.py's two "nodes", started by torchrun (its rendezvous sets RANK,
-WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): the model loaded by rank 0 alone and sharded, a full-weight step on `batch()` recording the gradients (whole,
-before AdamW applies them), a sharded checkpoint, the next step (then saved as a step between checkpoints), and a new trainer resumed from that
-checkpoint taking the same next step. Global rank 0 writes what it saw to OUT/rank0.pt.
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): the model loaded by rank 0 alone and sharded, a full-weight step
+on `batch()` recording the gradients (whole, before AdamW applies them), a sharded checkpoint, the next step
+(then saved as a step between checkpoints), and a new trainer resumed from that checkpoint taking the same
+next step. Global rank 0 writes what it saw to OUT/rank0.pt.
 
     python -m torch.distributed.run --nnodes 2 --node-rank R ... hsdp_worker.py MODEL OUT
 """
