@@ -9,6 +9,10 @@ import os
 from typing import Any
 
 
+_MESHES: dict[Any, Any] = {}
+_GROUPS: dict[str, Any] = {}
+
+
 class DistInfo:
     """This process's place in the data-parallel group (one process: rank 0 of 1)."""
 
@@ -59,8 +63,22 @@ class DistInfo:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(self.device.type, (self.nodes, self.local_world),
-                                mesh_dim_names=("replicate", "shard"))
+        # One per process: each mesh makes process groups (NCCL communicators, with their GPU memory), and a
+        # process builds a new trainer whenever a step starts from another state or other settings.
+        key = (self.device.type, self.nodes, self.local_world)
+        if key not in _MESHES:
+            _MESHES[key] = init_device_mesh(self.device.type, (self.nodes, self.local_world),
+                                            mesh_dim_names=("replicate", "shard"))
+        return _MESHES[key]
+
+    def side_group(self) -> Any:
+        """A gloo group of every process beside the step's (made once per process, by every process at the same
+        point): background checkpoint writes coordinate on it, so their collectives never meet the step's."""
+        if "gloo" not in _GROUPS:
+            import torch.distributed as dist
+
+            _GROUPS["gloo"] = dist.new_group(backend="gloo")
+        return _GROUPS["gloo"]
 
     def barrier(self) -> None:
         if self.distributed:

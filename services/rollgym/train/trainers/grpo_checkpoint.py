@@ -69,15 +69,6 @@ def settle(trainer: Any) -> None:
         trainer.dist.barrier()
 
 
-def checkpoint_group(trainer: Any) -> Any:
-    """The gloo group background writes coordinate on (made once, by every process at the same save)."""
-    if getattr(trainer, "checkpoint_pg", None) is None:
-        import torch.distributed as dist
-
-        trainer.checkpoint_pg = dist.new_group(backend="gloo")
-    return trainer.checkpoint_pg
-
-
 def gather_weights(trainer: Any) -> None:
     """Sharded: the full weights, gathered from every process into host memory on rank 0 (`trainer.gathered`:
     what the checkpoint's model/ and a merged GGUF are made of). A collective: every process calls it."""
@@ -150,7 +141,7 @@ def save(trainer: Any, folder: Path, background: bool = False) -> Path:
         shards = {"optimizer": get_optimizer_state_dict(trainer.module, trainer.optimizer)}
         if background:  # staged in host memory here, written by a thread
             written = dcp.async_save(shards, checkpoint_id=str(partial / OPTIMIZER_SHARDS),
-                                     process_group=checkpoint_group(trainer))
+                                     process_group=trainer.dist.side_group())
         else:
             dcp.save(shards, checkpoint_id=str(partial / OPTIMIZER_SHARDS))
     write = None
