@@ -142,7 +142,7 @@ class PolicyTrainer:
                 layer.compile(dynamic=True)
         if self.sharded:  # each decoder layer, then the rest; over several nodes HSDP (DistInfo.mesh)
             weights = whole_weights(module, self.dist) if from_rank0 else {}
-            shard(module, module.causal(), self.dist)
+            shard(module, module.causal(), self.dist, self.precision)
             if from_rank0:
                 receive_weights(module, weights, self.dist)
         elif self.dist.distributed:
