@@ -2,7 +2,7 @@
 each rollout (its `sequences` when it has several segments, else its `sequence`), with the rollout's advantage
 (or its turns'), its sampling temperature (checked against the sampling contract: a distribution the trainer
 cannot rebuild is refused by name) and a teacher's logprobs when the stage has a teacher; and how a batch is
-cut into mini-batches rollout by rollout.
+cut into mini-batches rollout by rollout and into processes' shards by tokens.
 """
 
 from __future__ import annotations
@@ -115,5 +115,19 @@ def mini_batch_parts(batch: list[TrainSequence], count: int) -> list[list[int]]:
     return parts
 
 
+def token_shards(lengths: list[int], world: int) -> list[list[int]]:
+    """Positions 0..len(lengths)-1 split into `world` shards of near-equal token counts, each shard's in
+    order: the longest first, each to the shard with the fewest tokens so far (the lower rank on a tie).
+    Deterministic, so every process computes the same split of the same batch; by tokens, not by index,
+    so no process waits on one that drew the long rollouts."""
+    shards: list[list[int]] = [[] for _ in range(world)]
+    loads = [0] * world
+    for position in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        rank = min(range(world), key=lambda r: (loads[r], len(shards[r]), r))
+        shards[rank].append(position)
+        loads[rank] += lengths[position]
+    return [sorted(shard) for shard in shards]
+
+
 __all__ = ["TrainSequence", "mini_batch_parts", "rollout_keys", "sampling_temperature", "sequences_of",
-           "teacher_of", "turn_token_advantages"]
+           "teacher_of", "token_shards", "turn_token_advantages"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from .grpo_loss import LossConfig
 
@@ -42,8 +42,48 @@ class GRPOConfig(BaseModel):
     compile: bool = Field(default=False, description="torch.compile each decoder layer (its norms, SwiGLU and rotary "
                           "embeddings fused); the first steps of each shape compile")
     threads: int | None = Field(default=None, ge=1)
-    processes: int = Field(default=1, ge=1, description="data-parallel processes (torchrun)")
+    processes: int = Field(default=1, ge=1, description="data-parallel processes per node (torchrun's "
+                           "--nproc-per-node)")
+    # Several nodes: torchrun's rendezvous instead of --standalone; full weights are then sharded within each
+    # node and replicated across nodes (HSDP). The loop's node starts its part; each other node runs the same
+    # torchrun command with its own --node-rank (docs/train-gpus.md).
+    nnodes: int = Field(default=1, ge=1, description="nodes the trainer runs on (torchrun's --nnodes)")
+    node_rank: int = Field(default=0, ge=0, description="the rank of the node the loop runs on (torchrun's "
+                           "--node-rank)", validate_default=True)
+    rdzv_endpoint: str | None = Field(default=None, validate_default=True,
+                                      description="HOST:PORT every node's torchrun meets at (c10d rendezvous)")
+    rdzv_id: str = Field(default="rollgym", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+                         description="the run's rendezvous id: the same on every node")
+    rdzv_backend: Literal["c10d"] = "c10d"
     epochs: float = Field(default=1.0, gt=0, description="passes over the curated groups")
+    checkpoint_every: int = Field(default=1, ge=1, description="write the resumable checkpoint (weights, AdamW, "
+                                  "schedule, RNG) every N steps and when the trainer stops; the steps between "
+                                  "keep only what serving reads (a LoRA's adapter). Sharded, AdamW's shards are "
+                                  "written in the background")
+
+    @field_validator("node_rank")
+    @classmethod
+    def _node_rank(cls, value: int, info: ValidationInfo) -> int:
+        nodes = info.data.get("nnodes", 1)
+        if value >= nodes:
+            raise ValueError(f"{value} is not a node of nnodes {nodes} (0 to {nodes - 1})")
+        return value
+
+    @field_validator("rdzv_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            if info.data.get("nnodes", 1) > 1:
+                raise ValueError("required when nnodes > 1: HOST:PORT of the rendezvous (node 0's address)")
+            return None
+        host, _, port = value.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r} is not HOST:PORT (e.g. node0.cluster:29500)")
+        return value
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
 
     def precision_on(self, device_type: str) -> Literal["fp32", "bf16"]:
         """The precision the trainer runs at on a device of this type: the one given, else bf16 on CUDA

@@ -3,7 +3,8 @@ which loads the model once and keeps its optimizer, LR schedule and RNG state fr
 
     RUN/trainer/trainer.log               the process's output (all ranks)
     RUN/trainer/requests/NNNNNN.json      one per step, in order: the dataset and the TrainConfig
-    STEP/train/checkpoint/                what the step left: adapter/ (or model/) + trainer_state.pt
+    STEP/train/checkpoint/                what the step left: adapter/ (or model/) + trainer_state.pt (every
+                                          `checkpoint_every` steps and the last; between them, what serving reads)
     STEP/train/artefact.json              written last: the step is finished (failed.json: it failed, why)
 
 The process runs apart from the loop (`python -m rollgym.train.trainers.grpo_process RUN/trainer`, under
@@ -16,6 +17,7 @@ run, the guard serving an earlier model again) makes it load that checkpoint fir
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -80,13 +82,15 @@ class LongLivedTrainer:
     starting it on the first step, and again after it died or when the process settings change."""
 
     # Settings a running process cannot change: another value starts a new process.
-    PROCESS_KEYS = ("finetune", "lora", "precision", "gradient_checkpointing", "compile", "threads", "processes")
+    PROCESS_KEYS = ("finetune", "lora", "precision", "gradient_checkpointing", "compile", "threads", "processes",
+                    "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_backend")
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
         self.control: Path | None = None
         self.key: Any = None
         self.number = 0
+        self.stop_s = 30.0  # how long a polite stop may take: the last step's checkpoint may be written then
 
     @property
     def log(self) -> Path:
@@ -113,8 +117,9 @@ class LongLivedTrainer:
         args = grpo_args(config)
         key = (config.base_model, config.seed, args.model_dump(include=set(self.PROCESS_KEYS)))
         if not self.alive() or key != self.key or control != self.control:
-            self._start(control, args.processes)
+            self._start(control, args)
             self.key = key
+        self.stop_s = 30.0 if args.checkpoint_every == 1 else 600.0
         output_dir = Path(config.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         for stale in (ARTEFACT_FILE, FAILED_FILE):
@@ -124,24 +129,28 @@ class LongLivedTrainer:
         self.number += 1
         return StepJob(self, output_dir)
 
-    def _start(self, control: Path, processes: int) -> None:
+    def _start(self, control: Path, args: GRPOConfig) -> None:
         self.close()
         (control / "requests").mkdir(parents=True, exist_ok=True)
         for old in (control / "requests").glob("*.json"):
             old.unlink()
         (control / STOP_FILE).unlink(missing_ok=True)
         self.control, self.number = control, 0
-        command = [sys.executable, "-m", "rollgym.train.trainers.grpo_process", str(control)]
-        if processes > 1:
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
-                       "-m", "rollgym.train.trainers.grpo_process", str(control)]
+        command = launch_command(args, control)
         with self.log.open("ab") as log:
+            if args.multi_node:
+                others = [n for n in range(args.nnodes) if n != args.node_rank]
+                log.write(f"the trainer waits at {args.rdzv_endpoint} for nodes {others}; on each, with "
+                          f"{control} on a shared filesystem: {shlex.join(launch_command(args, control, 'NODE'))}"
+                          "\n".encode())
+                log.flush()
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             preexec_fn=own_group_dies_with_parent)
 
     def close(self) -> None:
-        """Stop the process: asked politely it finishes the request at hand; one that does not stop is
-        sent SIGTERM (torchrun then stops its workers), and at last SIGKILL."""
+        """Stop the process: asked politely it finishes the request at hand (and checkpoints its last step if
+        that was between checkpoints); one that does not stop is sent SIGTERM (torchrun then stops its
+        workers), and at last SIGKILL."""
         import signal
 
         if self.process is None:
@@ -152,11 +161,28 @@ class LongLivedTrainer:
                 if sent is not None:
                     os.killpg(self.process.pid, sent)
                 try:
-                    self.process.wait(timeout=30 if sent is None else 15)
+                    self.process.wait(timeout=self.stop_s if sent is None else 15)
                     break
                 except subprocess.TimeoutExpired:
                     continue
         self.process = None
+
+
+def launch_command(args: GRPOConfig, control: Path, node_rank: int | str | None = None,
+                   python: str = sys.executable) -> list[str]:
+    """The command that starts the trainer process(es) on a node: one process plainly; several on one node
+    under `torchrun --standalone`; over several nodes, torchrun's c10d rendezvous at `rdzv_endpoint`, which
+    every node runs with its own `node_rank` (default: the loop's) and the same control folder."""
+    target = ["-m", "rollgym.train.trainers.grpo_process", str(control)]
+    if args.processes == 1 and not args.multi_node:
+        return [python, *target]
+    if not args.multi_node:
+        rendezvous = ["--standalone"]
+    else:
+        rendezvous = [f"--nnodes={args.nnodes}", f"--node-rank={args.node_rank if node_rank is None else node_rank}",
+                      f"--rdzv-backend={args.rdzv_backend}", f"--rdzv-endpoint={args.rdzv_endpoint}",
+                      f"--rdzv-id={args.rdzv_id}"]
+    return [python, "-m", "torch.distributed.run", *rendezvous, f"--nproc-per-node={args.processes}", *target]
 
 
 # ---------------------------------------------------------------------------- the process
@@ -189,9 +215,12 @@ def serve(control: Path) -> int:
     dist.init()
     trainer: PolicyTrainer | None = None
     number = 0
+    since = 0  # steps since the trainer's last resumable checkpoint
     while True:
         request = _next_request(control, number)
         if request is None:
+            if trainer is not None:  # its last step checkpointed, every background write in place
+                trainer.finish()
             return 0
         number += 1
         config = TrainConfig.model_validate(request["config"])
@@ -202,13 +231,20 @@ def serve(control: Path) -> int:
             loaded = 0.0
             if trainer is None or trainer.args != args or not _same_path(trainer.checkpoint, config.init_adapter):
                 # A new process, other settings, or another starting point than the state held here.
+                if trainer is not None:
+                    trainer.finish()
                 trainer = PolicyTrainer(args, config.base_model, config.seed)
                 trainer.load(config.init_adapter)
-                loaded = trainer.load_s
+                loaded, since = trainer.load_s, 0
             trained_from = time.perf_counter()
             metrics = trainer.train_records(read_records(Path(request["dataset"])))
             train_s = time.perf_counter() - trained_from
-            checkpoint = trainer.save_checkpoint(output_dir / "checkpoint")
+            since += 1
+            if since >= args.checkpoint_every:  # sharded: AdamW's shards written while the loop collects
+                trainer.save_checkpoint(output_dir / "checkpoint", background=True)
+                since = 0
+            else:
+                trainer.save_serving(output_dir / "checkpoint")
             metrics.update(load_s=round(loaded, 3), train_s=round(train_s, 3),
                            checkpoint_s=round(time.perf_counter() - trained_from - train_s, 3))
             serving = None

@@ -17,16 +17,15 @@ under a grammar (`completion_constrained`) have no teacher term (grpo_loss).
 
 Data parallel: started under torchrun (WORLD_SIZE > 1) the trainer joins the process group (gloo on
 CPU, nccl on GPUs), wraps a LoRA model in DDP and shards full weights with FSDP2 (`fully_shard` per
-decoder layer), and each process takes every WORLD_SIZE-th rollout of a batch, computing π_old and the
-reference logprobs for those only. The loss scales are computed over the whole batch first, so 1 and N
-processes take the same step.
+decoder layer; over several nodes HSDP), and each process takes its share of a batch split by tokens
+(`token_shards`), computing π_old and the reference logprobs for those only. The loss scales are computed
+over the whole batch first, so 1 and N processes take the same step.
 """
 
 from __future__ import annotations
 
 import math
 import random
-import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -34,15 +33,16 @@ from typing import Any
 
 from .base import TrainingFailed
 from .distributed import DistInfo
-from .grpo_batch import TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of
+from .grpo_batch import (
+    TrainSequence, mini_batch_parts, rollout_keys, sampling_temperature, sequences_of, token_shards,
+)
+from .grpo_checkpoint import STATE_FILE, checkpoint_of, not_resumable, restore, save, save_serving, settle
 from .grpo_config import GRPOConfig
 from .grpo_loss import policy_loss, sequence_scales
-from .lr_schedule import fresh_schedule, lr_schedule, schedule_settings
+from .lr_schedule import lr_schedule
 from .packed_attention import segment_boundaries, use_varlen
+from .sharding import full_model, receive_weights, shard, whole_weights
 from .token_logprobs import decoder_layers, token_logprobs_module
-
-STATE_FILE = "trainer_state.pt"
-OPTIMIZER_SHARDS = "optimizer"  # sharded: each process's part of AdamW's state (torch.distributed.checkpoint)
 
 
 def combined(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -83,6 +83,8 @@ class PolicyTrainer:
         self.base_weights: dict[str, Any] = {}
         self.sharded = False
         self.varlen = False
+        self.background: Any = None  # a checkpoint being written (grpo_checkpoint.Background)
+        self.unsaved: Path | None = None  # the last step's folder, when it was between checkpoints
 
     # ------------------------------------------------------------------ model and state
 
@@ -94,31 +96,38 @@ class PolicyTrainer:
         from .policy import load_base, load_policy
 
         started = time.perf_counter()
+        if not_resumable(init):
+            raise TrainingFailed(not_resumable(init))
         checkpoint = checkpoint_of(init)
         random.seed(self.seed)
         torch.manual_seed(self.seed)
         if self.args.finetune == "full":
             source = str(Path(checkpoint) / "model") if checkpoint else init
-            model, _ = load_base(source or self.base_model)
+            model = full_model(source or self.base_model, self.dist)  # sharded: rank 0 alone reads it
             if self.dist.rank == 0:
                 base, _ = load_base(self.base_model) if source else (model, None)
                 self.base_weights = {n: p.detach().clone() for n, p in base.named_parameters()}
         else:
             adapter = str(Path(checkpoint) / "adapter") if checkpoint else init
             model, _ = load_policy(self.base_model, adapter, self.args.lora)
-        self.use_model(model)
+        self.use_model(model, from_rank0=self.args.finetune == "full" and self.dist.distributed)
         if checkpoint:
             self._restore_state(Path(checkpoint))
         self.checkpoint = init
         self.load_s = round(time.perf_counter() - started, 3)
 
-    def use_model(self, model: Any) -> None:
+    def use_model(self, model: Any, from_rank0: bool = False) -> None:
         """Train `model` (a causal LM; a PEFT model for finetune: lora) from a fresh optimizer and schedule:
         placed on this process's device and wrapped for data parallelism. `load` calls it; a benchmark
-        gives it a randomly initialised model."""
+        gives it a randomly initialised model. `from_rank0` (full weights over several processes): rank 0's
+        weights are every process's, the others' model being on the meta device (`sharding.full_model`)."""
         import torch
 
-        model.to(self.device)
+        # Full weights over several processes are sharded (FSDP2 moves each unit to the device as it
+        # shards it); a LoRA's few weights are replicated (DDP).
+        self.sharded = self.dist.distributed and self.args.finetune == "full"
+        if not self.sharded:
+            model.to(self.device)
         if self.args.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -131,15 +140,11 @@ class PolicyTrainer:
         if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
             for layer in decoder_layers(module.causal()):
                 layer.compile(dynamic=True)
-        # Full weights over several processes are sharded (FSDP2: each decoder layer, then the rest);
-        # a LoRA's few weights are replicated (DDP).
-        self.sharded = self.dist.distributed and self.args.finetune == "full"
-        if self.sharded:
-            from torch.distributed.fsdp import fully_shard
-
-            for layer in decoder_layers(module.causal()):
-                fully_shard(layer)
-            fully_shard(module)
+        if self.sharded:  # each decoder layer, then the rest; over several nodes HSDP (DistInfo.mesh)
+            weights = whole_weights(module, self.dist) if from_rank0 else {}
+            shard(module, module.causal(), self.dist, self.precision)
+            if from_rank0:
+                receive_weights(module, weights, self.dist)
         elif self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
 
@@ -148,93 +153,32 @@ class PolicyTrainer:
         self.module = module
         self.gathered: dict[str, Any] | None = None  # sharded: the full weights of the last checkpoint (rank 0)
         params = [p for p in model.parameters() if p.requires_grad]
+        # Fused on CUDA: one kernel for every weight's update instead of a dozen elementwise ones each.
         self.optimizer = torch.optim.AdamW(params, lr=self.args.learning_rate, betas=self.args.betas,
-                                           weight_decay=self.args.weight_decay)
+                                           weight_decay=self.args.weight_decay, fused=self.device.type == "cuda")
         self.scheduler = lr_schedule(self.optimizer, self.args)
         self.step = 0
 
-    def _schedule_settings(self) -> dict[str, Any]:
-        return schedule_settings(self.args)
+    def save_checkpoint(self, folder: Path, background: bool = False) -> Path:
+        """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt (grpo_checkpoint.save); sharded, with
+        `background`, AdamW's shards are written while the trainer goes on."""
+        return save(self, Path(folder), background)
 
-    def _fresh_schedule(self) -> None:
-        self.scheduler = fresh_schedule(self.optimizer, self.args)
+    def save_serving(self, folder: Path) -> Path:
+        """A step between checkpoints (`checkpoint_every`): what serving reads only; `finish` checkpoints it
+        if it is the last."""
+        self.unsaved = Path(folder)
+        return save_serving(self, Path(folder), self.args.checkpoint_every)
 
-    def save_checkpoint(self, folder: Path) -> Path:
-        """adapter/ (LoRA) or model/ (full weights) + trainer_state.pt, written beside and renamed into
-        place, so a kill leaves either the whole checkpoint or none. Rank 0 writes them; sharded (FSDP),
-        every process writes its own shard of AdamW's state into optimizer/ (torch.distributed.checkpoint),
-        so nothing of it is gathered, and only the weights the server loads are."""
-        import numpy as np
-        import torch
-
-        folder = Path(folder)
-        partial = folder.with_name(folder.name + ".partial")  # a name every process knows
-        optimizer_state = None if self.sharded else self.optimizer.state_dict()
-        if self.dist.rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-        if self.sharded:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-            )
-
-            weights = get_model_state_dict(self.module, options=StateDictOptions(full_state_dict=True,
-                                                                                 cpu_offload=True))
-            self.gathered = {name.removeprefix("lm."): value for name, value in weights.items()}
-            self.dist.barrier()
-            dcp.save({"optimizer": get_optimizer_state_dict(self.module, self.optimizer)},
-                     checkpoint_id=str(partial / OPTIMIZER_SHARDS))
-        if self.dist.rank == 0:
-            target = partial / ("model" if self.args.finetune == "full" else "adapter")
-            if self.sharded:
-                self.model.save_pretrained(target, state_dict=self.gathered)
-            else:
-                self.model.save_pretrained(target)
-            torch.save({"step": self.step, "optimizer": optimizer_state, "sharded": self.sharded,
-                        "scheduler": self.scheduler.state_dict(), "schedule": self._schedule_settings(),
-                        "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
-                                "numpy": np.random.get_state(),
-                                "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
-                        }, partial / STATE_FILE)
-            shutil.rmtree(folder, ignore_errors=True)
-            partial.replace(folder)
-        self.dist.barrier()
-        self.checkpoint = str(folder / ("model" if self.args.finetune == "full" else "adapter"))
-        return folder
+    def finish(self) -> None:
+        """Before the trainer stops: its last step checkpointed if it was between checkpoints, and every write
+        in place."""
+        if self.unsaved is not None:
+            self.save_checkpoint(self.unsaved)
+        settle(self)
 
     def _restore_state(self, folder: Path) -> None:
-        import numpy as np
-        import torch
-
-        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-        if bool(state.get("sharded")) != self.sharded:
-            raise TrainingFailed(f"{folder}: its optimizer state was saved {'sharded' if state.get('sharded') else 'whole'}"
-                                 f"; resume it with the same finetune and processes settings")
-        if self.sharded and state.get("optimizer") is None:  # each process reads its own shard
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-            shards = {"optimizer": get_optimizer_state_dict(self.module, self.optimizer)}
-            dcp.load(shards, checkpoint_id=str(folder / OPTIMIZER_SHARDS))
-            set_optimizer_state_dict(self.module, self.optimizer, shards["optimizer"])
-        elif self.sharded:  # a checkpoint that gathered the optimizer state whole (as rollgym once wrote them)
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-            set_optimizer_state_dict(self.module, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("schedule", self._schedule_settings()) == self._schedule_settings():
-            self.scheduler.load_state_dict(state["scheduler"])
-        else:
-            self._fresh_schedule()
-        self.step = int(state["step"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        np.random.set_state(state["rng"]["numpy"])
-        if self.device.type == "cuda" and state["rng"].get("cuda") is not None:  # dropout on the GPU draws from it
-            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+        restore(self, Path(folder))
 
     def merged_deltas(self) -> dict[str, Any]:
         """What `gguf_export.write_merged_gguf` adds to the base GGUF: LoRA deltas, or weights − base."""
@@ -409,11 +353,18 @@ class PolicyTrainer:
                                        tensors["segments"])
 
     def _own(self, batch: list[TrainSequence]) -> list[int]:
-        """The indices of the sequences of `batch` this process's optimizer steps take (its shard: in each
-        mini-batch part, every WORLD_SIZE-th sequence from its rank), in order."""
-        dist = self.dist
-        return sorted(part[j] for part in mini_batch_parts(batch, self.args.mini_batches)
-                      for j in range(len(part)) if j % dist.world == dist.rank)
+        """The indices of the sequences of `batch` this process's optimizer steps take (its shard of each
+        mini-batch part: `_shard`), in order."""
+        return sorted(i for part in mini_batch_parts(batch, self.args.mini_batches) for i in self._shard(batch, part))
+
+    def _shard(self, batch: list[TrainSequence], indices: list[int]) -> list[int]:
+        """This process's share of `indices` (the sequences with loss tokens among them): a split by tokens
+        (`token_shards`), which every process computes alike."""
+        wanted = [i for i in indices if batch[i].loss_tokens]
+        if not self.dist.distributed:
+            return wanted
+        shards = token_shards([batch[i].length for i in wanted], self.dist.world)
+        return [wanted[k] for k in shards[self.dist.rank]]
 
     def _logprobs_no_grad(self, batch: list[TrainSequence], indices: list[int] | None = None) -> list[Any]:
         """Per sequence of `indices` (default: every one; the others are left empty), the current policy's
@@ -453,7 +404,7 @@ class PolicyTrainer:
         args = self.args
         dist = self.dist
         scales = sequence_scales([s.loss_tokens for s in batch], args.loss, rollout_keys(batch))
-        mine = [i for i in range(len(batch)) if i % dist.world == dist.rank and batch[i].loss_tokens]
+        mine = self._shard(batch, list(range(len(batch))))
         micro = self._micro_batches(mine, batch)
         # Every process runs as many forward/backward passes as the busiest one (FSDP gathers weights
         # in each forward, DDP reduces in the last backward): the extra ones count for nothing (scale 0).
@@ -539,17 +490,6 @@ class PolicyTrainer:
         return ({"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "rollouts": rollouts}
                 | objective.metrics(named, tokens)
                 | {"logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)} | taught)
-
-
-def checkpoint_of(path: str | None) -> str | None:
-    """The checkpoint folder a path belongs to (itself, or the parent of its adapter/ or model/), if any."""
-    if not path:
-        return None
-    folder = Path(path)
-    for candidate in (folder, folder.parent):
-        if (candidate / STATE_FILE).is_file():
-            return str(candidate)
-    return None
 
 
 __all__ = ["DistInfo", "PolicyTrainer", "STATE_FILE", "TrainSequence", "checkpoint_of", "combined", "decoder_layers",

@@ -39,7 +39,6 @@ def varlen_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     """transformers' attention-function contract: query (rows, heads, length, dim), key and value
     (rows, kv heads, length, dim); returns (rows, length, heads, dim)."""
     import torch
-    from transformers.integrations.sdpa_attention import repeat_kv
 
     cu_seq_lens, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     if cu_seq_lens is None or longest is None:
@@ -48,12 +47,13 @@ def varlen_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     if sliding_window is not None and sliding_window < longest:
         raise RuntimeError(f"attention '{NAME}' has no sliding window ({sliding_window} < {longest} tokens)")
     rows, heads, length, dim = query.shape
-    groups = heads // key.shape[1]  # grouped-query attention: each kv head serves `groups` query heads
 
     def stream(states: Any) -> Any:  # (rows, heads, length, dim) -> (rows·length, heads, dim)
-        return states.transpose(1, 2).reshape(rows * length, heads, dim)
+        return states.transpose(1, 2).reshape(rows * length, states.shape[1], dim)
 
-    q, k, v = stream(query), stream(repeat_kv(key, groups)), stream(repeat_kv(value, groups))
+    # Grouped-query attention: k and v keep their kv heads, each serving heads // kv heads query heads in
+    # the kernel (and SDPA's enable_gqa on the CPU), instead of repeat_kv's copies of them.
+    q, k, v = stream(query), stream(key), stream(value)
     if q.is_cuda:
         # The kernel takes 16-bit inputs; under autocast the rotary embedding leaves q and k in fp32.
         half = query.dtype if query.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
@@ -74,8 +74,8 @@ def _reference(q: Any, k: Any, v: Any, cu_seq_lens: Any, scaling: float | None) 
     parts = []
     for begin, end in zip(starts, starts[1:]):
         segment = [x[begin:end].transpose(0, 1) for x in (q, k, v)]  # (heads, tokens, dim)
-        parts.append(torch.nn.functional.scaled_dot_product_attention(*segment, is_causal=True, scale=scaling)
-                     .transpose(0, 1))
+        parts.append(torch.nn.functional.scaled_dot_product_attention(
+            *segment, is_causal=True, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]).transpose(0, 1))
     return torch.cat(parts)
 
 
