@@ -231,3 +231,25 @@ def test_a_new_stage_starts_its_own_schedule_and_keeps_the_optimizer_moments(tin
     same = PolicyTrainer(first.args, tiny_model)  # the same settings: the schedule resumes (here: spent)
     same.load(str(tmp_path / "stage1" / "adapter"))
     assert same.scheduler.get_last_lr()[0] == first.scheduler.get_last_lr()[0] == 0.0
+
+
+def test_the_trainers_processes_get_their_own_gpus_and_too_few_are_refused_by_key() -> None:
+    from pydantic import ValidationError
+
+    from rollgym.train.trainers.base import TrainingFailed
+    from rollgym.train.trainers.grpo_process import trainer_environment
+
+    assert trainer_environment(GRPOConfig(processes=4), device_count=0) == {}  # a CPU: nothing to set
+    assert trainer_environment(GRPOConfig(processes=2), 4, visible="") == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    # Beside a model server on the loop's cuda:0; indices are among the devices the loop sees.
+    beside = GRPOConfig(processes=3, devices=[1, 2, 3])
+    assert trainer_environment(beside, 4, visible="") == {"CUDA_VISIBLE_DEVICES": "1,2,3"}
+    assert trainer_environment(beside, 4, visible="4,5,6,7") == {"CUDA_VISIBLE_DEVICES": "5,6,7"}
+    with pytest.raises(TrainingFailed, match=r"optimize\.args\.processes: 8 but this node has 4 CUDA device"):
+        trainer_environment(GRPOConfig(processes=8), 4)
+    with pytest.raises(TrainingFailed, match=r"optimize\.args\.devices: \[1, 2, 3\] but this node has 2"):
+        trainer_environment(beside, 2)
+    with pytest.raises(ValidationError, match="2 devices for processes: 3"):
+        GRPOConfig(processes=3, devices=[0, 1])
+    with pytest.raises(ValidationError, match="distinct device indices"):
+        GRPOConfig(processes=2, devices=[1, 1])

@@ -44,6 +44,10 @@ class GRPOConfig(BaseModel):
     threads: int | None = Field(default=None, ge=1)
     processes: int = Field(default=1, ge=1, description="data-parallel processes per node (torchrun's "
                            "--nproc-per-node)")
+    devices: list[int] | None = Field(default=None, min_length=1, description="the CUDA devices (indices among "
+                                      "those visible to the loop) the trainer's processes on this node use, one "
+                                      "each: e.g. [1, 2, 3] beside a model server on cuda:0. Default: the first "
+                                      "`processes` devices")
     # Several nodes: torchrun's rendezvous instead of --standalone; full weights are then sharded within each
     # node and replicated across nodes (HSDP). The loop's node starts its part; each other node runs the same
     # torchrun command with its own --node-rank (docs/train-gpus.md).
@@ -67,6 +71,17 @@ class GRPOConfig(BaseModel):
         nodes = info.data.get("nnodes", 1)
         if value >= nodes:
             raise ValueError(f"{value} is not a node of nnodes {nodes} (0 to {nodes - 1})")
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices(cls, value: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        if value is not None:
+            if len(set(value)) != len(value) or min(value) < 0:
+                raise ValueError(f"{value}: distinct device indices from 0")
+            processes = info.data.get("processes", 1)
+            if len(value) != processes:
+                raise ValueError(f"{len(value)} devices for processes: {processes} (one device per process)")
         return value
 
     @field_validator("rdzv_endpoint")

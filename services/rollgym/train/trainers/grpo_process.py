@@ -83,7 +83,7 @@ class LongLivedTrainer:
 
     # Settings a running process cannot change: another value starts a new process.
     PROCESS_KEYS = ("finetune", "lora", "precision", "gradient_checkpointing", "compile", "threads", "processes",
-                    "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_backend")
+                    "devices", "nnodes", "node_rank", "rdzv_endpoint", "rdzv_id", "rdzv_backend")
 
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
@@ -145,7 +145,8 @@ class LongLivedTrainer:
                           "\n".encode())
                 log.flush()
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            preexec_fn=own_group_dies_with_parent)
+                                            preexec_fn=own_group_dies_with_parent,
+                                            env={**os.environ, **trainer_environment(args, cuda_device_count())})
 
     def close(self) -> None:
         """Stop the process: asked politely it finishes the request at hand (and checkpoints its last step if
@@ -166,6 +167,31 @@ class LongLivedTrainer:
                 except subprocess.TimeoutExpired:
                     continue
         self.process = None
+
+
+def cuda_device_count() -> int:
+    """The CUDA devices this process sees (0 without CUDA); torch's count, which starts no CUDA context."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def trainer_environment(args: GRPOConfig, device_count: int, visible: str | None = None) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for the trainer's processes on this node: `devices`, else the first `processes`
+    (nothing to set on a CPU). TrainingFailed, naming the key, when the node has fewer devices than
+    processes, so no two ranks share a GPU (NCCL refuses that, late)."""
+    if device_count == 0:
+        return {}
+    chosen = args.devices or list(range(args.processes))
+    if args.processes > device_count or max(chosen) >= device_count:
+        key = "devices" if args.devices else "processes"
+        raise TrainingFailed(f"optimize.args.{key}: {args.devices or args.processes} but this node has "
+                             f"{device_count} CUDA device(s) (one per process)")
+    visible = visible if visible is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = visible.split(",") if visible else [str(i) for i in range(device_count)]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(names[i] for i in chosen)}
 
 
 def launch_command(args: GRPOConfig, control: Path, node_rank: int | str | None = None,
