@@ -77,7 +77,8 @@ class TransformersModel(LocalModelServer):
             raise ServerStartError(f"kv_tokens {config.kv_tokens} leaves no room for {config.max_batch} requests")
         self.engine.n_ctx = slot_tokens
         self.queue = Scheduler(self.engine, self._select, max_batch=config.max_batch, slot_tokens=slot_tokens,
-                               max_queue=config.max_queue, prefill_tokens=config.prefill_tokens)
+                               max_queue=config.max_queue, prefill_tokens=config.prefill_tokens,
+                               version=lambda: self.base_version)
 
     def kv_budget(self) -> int | None:
         """The KV cache's tokens (None: max_batch × n_ctx), once the model is loaded; a co-located server
@@ -146,7 +147,9 @@ class TransformersModel(LocalModelServer):
         finish = "tool_calls" if calls and not responses else result.finish_reason
         return Turn(text=text, tool_calls=calls, finish_reason=finish, prompt_token_ids=request.prompt_ids,
                     generation_token_ids=result.token_ids, generation_log_probs=result.logprobs,
-                    generation_forced=result.forced)
+                    generation_forced=result.forced,
+                    # The base weights may have been replaced while it waited (a reload, a co-located step).
+                    model_version=result.version if adapter is None else None)
 
     def _request(self, chat: dict[str, Any], previous: Any,
                  adapter: Adapter | None) -> tuple[GenerationRequest, list[Any]]:

@@ -99,6 +99,24 @@ def test_a_request_batched_gets_the_tokens_and_logprobs_it_gets_alone(served: An
         assert len(one["generation_token_ids"]) == body["max_output_tokens"]  # the random model never stops early
 
 
+def test_a_repeated_prompt_shares_the_batch_s_prefill_and_samples_as_alone(served: Any) -> None:
+    """A GRPO group: the same prompt four times (own seeds) while another prompt decodes. Its K/V are computed
+    once and copied; each request's tokens are those it gets alone, logprobs within float rounding."""
+    model, url = served
+    group = [{"input": "Count from one to ten in words.", "temperature": 1.0, "seed": 20 + i, "max_output_tokens": 9}
+             for i in range(4)]
+    alone = [record(asyncio.run(post_all(url, [body]))[0].json()) for body in group[:2]]
+    shared = model.queue.shared_prompts
+    other = {"input": "Why?", "temperature": 1.0, "seed": 5, "max_output_tokens": 30}
+    replies = asyncio.run(post_all(url, [other, *group], delays=[0, 0.05, 0.05, 0.05, 0.05]))
+    assert all(reply.status_code == 200 for reply in replies), [reply.text for reply in replies]
+    assert model.queue.shared_prompts - shared >= 3
+    for one, reply in zip(alone, replies[1:3]):
+        many = record(reply.json())
+        assert many["generation_token_ids"] == one["generation_token_ids"]
+        assert many["generation_log_probs"] == pytest.approx(one["generation_log_probs"], abs=1e-4)
+
+
 def test_a_late_request_joins_the_running_batch(served: Any) -> None:
     """A short request sent while a long one decodes is answered before the long one ends, in the same batch."""
     model, url = served
