@@ -53,6 +53,9 @@ class TransformersConfig(ServerConfig):
     prefill_tokens: int = Field(default=512, ge=1, description="prompt tokens of the requests that join the batch in "
                                 "one step, packed into one forward pass (a longer prompt joins alone); the packed "
                                 "attention grows with its square, so more is not faster on a CPU")
+    threads: int | None = Field(default=None, ge=1, description="torch's CPU threads (default: torch's, one per "
+                                "core); on a CPU shared with other processes, more threads than free cores make "
+                                "every operation wait for the slowest")
     seed: int = 0
     default_max_output_tokens: int = Field(default=256, ge=1)
     logprobs_mode: Literal["processed", "raw"] = Field(
@@ -255,6 +258,10 @@ def load_engine(config: TransformersConfig) -> Engine:
     from rollgym.train.trainers.policy import load_base
 
     device = pick_device(config.device)
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
     model, tokenizer = load_base(config.model_path)
     if tokenizer is None:
         raise ValueError(f"model_path {config.model_path!r} has no tokenizer: the server renders chat prompts")
