@@ -44,7 +44,7 @@ def test_async_full_weights_colocated_publish_each_step_in_memory_with_exact_ver
         "base_model": "bundled", "output": str(tmp_path / "run"), "mode": "async", "colocate": True, "seed": 3,
         "stack": {"configs": [str(ENV / "configs" / "reverse_text.yaml")],
                   "overrides": ["policy_model.n_ctx=256", "policy_model.max_batch=4", "policy_model.train_tokens=512",
-                               "policy_model.threads=1"]},
+                               "policy_model.threads=1", "policy_model.kv_tokens=1024"]},
         "validation": {"input": str(tmp_path / "validation.jsonl"), "every": 2, "repeats": 1, "params": sampling},
         "orchestrator": {"batch_size": 4, "rollouts_per_example": 2, "max_steps": 2, "max_async_level": 1,
                          "max_off_policy_steps": 1, "concurrency": 4,

@@ -6,7 +6,7 @@ whose served parameters are the trainer's; agents and environments stay their ow
   the served weights on its worker thread and publishes them in memory as `name@VERSION`;
 - apply (`memory`, the default under colocate): nothing to load when the server already serves the step's
   version; otherwise (a resumed run, the guard going back to its best model) the step's checkpoint is
-  copied into the served weights (POST /update_weights_from_disk, or the adapter hot-loaded for LoRA).
+  copied into the served weights (POST /update_weights_from_disk; for LoRA, POST /colocate/load_adapter).
 - mode: async: the orchestrator's `loader` (`memory_loader`) reads the version each step published, so
   the rollouts' model_versions map to the step that sampled them, as hot-loaded adapters' do.
 """
@@ -157,8 +157,10 @@ def publish_checkpoint(registry: Any, full: bool, uri: str, version: str, listed
             raise TrainingFailed(f"apply: memory: {POLICY} did not load {uri}: {reply.text}")
         # The weights are those of the step; its name makes the rollouts' versions comparable.
         return str(reply.json()["model_version"])
-    raise TrainingFailed(f"apply: memory: {version} is not what {POLICY} serves ({listed}); a LoRA run "
-                         "in co-locate mode resumes by its next step (the trainer restores the adapter)")
+    reply = httpx.post(f"{url}/colocate/load_adapter", timeout=600.0, json={"adapter_path": uri, "version": version})
+    if reply.status_code != 200:
+        raise TrainingFailed(f"apply: memory: {POLICY} did not load the adapter {uri}: {reply.text}")
+    return str(reply.json()["model_version"])
 
 
 def memory_loader(registry: Any, full: bool, version_of: Callable[[int], str]) -> Loader:
