@@ -211,11 +211,16 @@ class TransformersModel(LocalModelServer):
     async def reload_weights(self, folder: str, version: str | None) -> dict[str, Any]:
         """Replace the base weights with a checkpoint's, after the running batch drains; a new `model_version`."""
         started = time.perf_counter()
+
+        def reload() -> int:  # on the worker: the requests that join next are stamped with the new version
+            count = load_weights(self.engine.model, folder)
+            self.base_version = version or f"{self.model_name}@{content_digest(folder)}"
+            return count
+
         try:
-            count = await self.queue.run(lambda: load_weights(self.engine.model, folder))
+            count = await self.queue.run(reload)
         except WeightLoadError as exc:
             raise BadRequest(str(exc), field="model_path", status=400) from None
-        self.base_version = version or f"{self.model_name}@{await asyncio.to_thread(content_digest, folder)}"
         return {"success": True, "message": f"Succeeded to update model weights from {folder}.",
                 "model_version": self.base_version, "tensors": count, "load_s": round(time.perf_counter() - started, 4)}
 
