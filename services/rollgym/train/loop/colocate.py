@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..orchestrator.policy_versions import AdapterLoadError, Loader
-
 from ..trainers.base import Artefact, JobStatus, TrainConfig, TrainingFailed
 
 POLICY = "policy_model"
