@@ -94,7 +94,7 @@ class TransformersModel(LocalModelServer):
     def health_details(self) -> dict[str, Any]:
         queue = getattr(self, "queue", None)
         return {} if queue is None else {"running": len(queue.rows), "waiting": queue.queued,
-                                         "model_version": self.version_of(None)}
+                                         "shared_prompts": queue.shared_prompts, "model_version": self.version_of(None)}
 
     # ------------------------------------------------------------------ adapters
 
