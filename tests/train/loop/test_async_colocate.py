@@ -3,7 +3,7 @@ transformers server and the trainer in one process, the orchestrator generating 
 Each optimizer step is published in memory as a new model_version (no weight file but its checkpoint), and
 every rollout's model_version maps to the step that sampled it, so the staleness accounting is exact.
 
-Two steps of 2 groups × 2 rollouts of at most 6 tokens.
+Two steps of one group of 2 rollouts of at most 6 tokens.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_async_full_weights_colocated_publish_each_step_in_memory_with_exact_ver
                   "overrides": ["policy_model.n_ctx=256", "policy_model.max_batch=4", "policy_model.train_tokens=512",
                                "policy_model.threads=1", "policy_model.kv_tokens=1024"]},
         "validation": {"input": str(tmp_path / "validation.jsonl"), "every": 2, "repeats": 1, "params": sampling},
-        "orchestrator": {"batch_size": 4, "rollouts_per_example": 2, "max_steps": 2, "max_async_level": 1,
+        "orchestrator": {"batch_size": 2, "rollouts_per_example": 2, "max_steps": 2, "max_async_level": 1,
                          "max_off_policy_steps": 1, "concurrency": 4,
                          "envs": [{"name": "reverse", "input": str(ENV / "data" / "train.jsonl"),
                                    "agent": "reverse_text_agent", "params": sampling}]},
@@ -67,12 +67,12 @@ def test_async_full_weights_colocated_publish_each_step_in_memory_with_exact_ver
     # Every rollout's model_version is the step that sampled it: the orchestrator's lag is exact.
     for step in (1, 2):
         batch = lines(run / "orchestrator" / "steps" / f"step_{step}" / "batch.jsonl")
-        assert len(batch) == 4
+        assert len(batch) == 2
         for rollout in batch:
             versions = {item["model_version"] for item in rollout["response"]["output"] if item.get("model_version")}
             assert versions == {published[rollout["sampled_step"]]}, (versions, rollout["sampled_step"])
             assert rollout["policy_lag"] == step - 1 - rollout["sampled_step"] <= 1
-        assert sum(history[step]["orchestrator"]["staleness"].values()) == 4
+        assert sum(history[step]["orchestrator"]["staleness"].values()) == 2
     # Step 1 trains the very weights that sampled its batch: on-policy, the behaviour ratio is 1.
     first = history[1]["train"]
     assert abs(first["importance_ratio_mean"] - 1) < 1e-3
