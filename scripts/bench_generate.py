@@ -1,7 +1,7 @@
 """Benchmark: generation throughput and time to first token of the transformers model server's engine.
 
     .venv/bin/python scripts/bench_generate.py [--models tiny,smollm2] [--concurrency 1,16,64]
-        [--engines continuous,waves,generate] [--device cpu] [--requests-per-client 2] [--waves-ref REV]
+        [--engines continuous,waves,generate] [--device cpu] [--requests-per-client 2] [--waves-ref REV] [--distinct]
 
 Three engines get the same requests (chat prompts of mixed lengths, mixed output budgets, temperature 1):
 - continuous: models/transformers/batching.py, the server's engine (a request joins the running batch);
@@ -74,11 +74,12 @@ def load(name: str, device: str) -> tuple[Any, Any]:
     return model.to(device).eval(), tokenizer
 
 
-def workload(engine: Engine, count: int, seed: int) -> list[tuple[list[int], int]]:
-    """(prompt ids, output budget) of `count` requests: mixed prompt lengths and budgets, the same for every engine."""
+def workload(engine: Engine, count: int, seed: int, distinct: bool = False) -> list[tuple[list[int], int]]:
+    """(prompt ids, output budget) of `count` requests: mixed prompt lengths and budgets, the same for every engine.
+    The questions repeat (as a GRPO group's prompt does); `distinct` numbers each one, so that no two are equal."""
     rng = random.Random(seed)
-    return [(engine.render([{"role": "user", "content": rng.choice(QUESTIONS)}], None), rng.choice(BUDGETS))
-            for _ in range(count)]
+    return [(engine.render([{"role": "user", "content": (f"Request {i}. " if distinct else "") + rng.choice(QUESTIONS)}],
+                           None), rng.choice(BUDGETS)) for i in range(count)]
 
 
 def waves_module(ref: str) -> Any:
@@ -195,7 +196,7 @@ def run_cell(name: str, kind: str, concurrency: int, args: argparse.Namespace) -
     model, tokenizer = load(name, args.device)
     model = model.to(dtype)
     engine = Engine(model, tokenizer, n_ctx=args.n_ctx)
-    jobs = workload(engine, max(concurrency * args.requests_per_client, 4), seed=concurrency)
+    jobs = workload(engine, max(concurrency * args.requests_per_client, 4), seed=concurrency, distinct=args.distinct)
     slots = max(int(c) for c in args.concurrency.split(","))
     if kind == "continuous":
         queue = Scheduler(engine, lambda key: None, max_batch=slots, slot_tokens=args.n_ctx)
@@ -228,6 +229,8 @@ def main() -> None:
     parser.add_argument("--waves-ref", default=WAVES_REF)
     parser.add_argument("--threads", type=int, default=0, help="torch's CPU threads (0: its default); on a shared "
                         "machine 1 spares every operation a wait for the other threads")
+    parser.add_argument("--distinct", action="store_true", help="no two prompts equal (by default the 6 questions "
+                        "repeat, and the continuous engine computes a prompt already in its batch once)")
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -236,8 +239,8 @@ def main() -> None:
     engines = args.engines.split(",")
     if not args.cell:
         print(f"machine: nproc={os.cpu_count()} loadavg={tuple(round(x, 2) for x in os.getloadavg())} "
-              f"device={args.device} dtype={args.dtype} torch={torch.__version__} threads={torch.get_num_threads()}",
-              flush=True)
+              f"device={args.device} dtype={args.dtype} torch={torch.__version__} threads={torch.get_num_threads()} "
+              f"prompts={'distinct' if args.distinct else 'repeating'}", flush=True)
     if args.cell:  # one cell, in a process of its own: no engine inherits another's threads or allocations
         name, kind, concurrency = args.cell.split(":")
         print("CELL " + json.dumps(run_cell(name, kind, int(concurrency), args)), flush=True)

@@ -53,6 +53,9 @@ class TransformersConfig(ServerConfig):
     prefill_tokens: int = Field(default=512, ge=1, description="prompt tokens of the requests that join the batch in "
                                 "one step, packed into one forward pass (a longer prompt joins alone); the packed "
                                 "attention grows with its square, so more is not faster on a CPU")
+    threads: int | None = Field(default=None, ge=1, description="torch's CPU threads (default: torch's, one per "
+                                "core); on a CPU shared with other processes, more threads than free cores make "
+                                "every operation wait for the slowest")
     seed: int = 0
     default_max_output_tokens: int = Field(default=256, ge=1)
     logprobs_mode: Literal["processed", "raw"] = Field(
@@ -77,7 +80,8 @@ class TransformersModel(LocalModelServer):
             raise ServerStartError(f"kv_tokens {config.kv_tokens} leaves no room for {config.max_batch} requests")
         self.engine.n_ctx = slot_tokens
         self.queue = Scheduler(self.engine, self._select, max_batch=config.max_batch, slot_tokens=slot_tokens,
-                               max_queue=config.max_queue, prefill_tokens=config.prefill_tokens)
+                               max_queue=config.max_queue, prefill_tokens=config.prefill_tokens,
+                               version=lambda: self.base_version)
 
     def kv_budget(self) -> int | None:
         """The KV cache's tokens (None: max_batch × n_ctx), once the model is loaded; a co-located server
@@ -90,7 +94,7 @@ class TransformersModel(LocalModelServer):
     def health_details(self) -> dict[str, Any]:
         queue = getattr(self, "queue", None)
         return {} if queue is None else {"running": len(queue.rows), "waiting": queue.queued,
-                                         "model_version": self.version_of(None)}
+                                         "shared_prompts": queue.shared_prompts, "model_version": self.version_of(None)}
 
     # ------------------------------------------------------------------ adapters
 
@@ -146,7 +150,9 @@ class TransformersModel(LocalModelServer):
         finish = "tool_calls" if calls and not responses else result.finish_reason
         return Turn(text=text, tool_calls=calls, finish_reason=finish, prompt_token_ids=request.prompt_ids,
                     generation_token_ids=result.token_ids, generation_log_probs=result.logprobs,
-                    generation_forced=result.forced)
+                    generation_forced=result.forced,
+                    # The base weights may have been replaced while it waited (a reload, a co-located step).
+                    model_version=result.version if adapter is None else None)
 
     def _request(self, chat: dict[str, Any], previous: Any,
                  adapter: Adapter | None) -> tuple[GenerationRequest, list[Any]]:
@@ -205,11 +211,16 @@ class TransformersModel(LocalModelServer):
     async def reload_weights(self, folder: str, version: str | None) -> dict[str, Any]:
         """Replace the base weights with a checkpoint's, after the running batch drains; a new `model_version`."""
         started = time.perf_counter()
+
+        def reload() -> int:  # on the worker: the requests that join next are stamped with the new version
+            count = load_weights(self.engine.model, folder)
+            self.base_version = version or f"{self.model_name}@{content_digest(folder)}"
+            return count
+
         try:
-            count = await self.queue.run(lambda: load_weights(self.engine.model, folder))
+            count = await self.queue.run(reload)
         except WeightLoadError as exc:
             raise BadRequest(str(exc), field="model_path", status=400) from None
-        self.base_version = version or f"{self.model_name}@{await asyncio.to_thread(content_digest, folder)}"
         return {"success": True, "message": f"Succeeded to update model weights from {folder}.",
                 "model_version": self.base_version, "tensors": count, "load_s": round(time.perf_counter() - started, 4)}
 
@@ -252,6 +263,10 @@ def load_engine(config: TransformersConfig) -> Engine:
     from rollgym.train.trainers.policy import load_base
 
     device = pick_device(config.device)
+    if config.threads is not None:
+        import torch
+
+        torch.set_num_threads(config.threads)
     model, tokenizer = load_base(config.model_path)
     if tokenizer is None:
         raise ValueError(f"model_path {config.model_path!r} has no tokenizer: the server renders chat prompts")

@@ -128,14 +128,22 @@ class _Row:
     length: int = 0  # positions of its cache written
     last: int = 0  # the token to feed at the next step
 
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return tuple(self.request.prompt_ids)
+
 
 class Scheduler:
     """The one thread that touches the model: continuous batching of requests, calls run alone."""
 
     def __init__(self, engine: Engine, select: Callable[[str | None], None], *, max_batch: int, slot_tokens: int,
-                 max_queue: int = 256, prefill_tokens: int = 512) -> None:
+                 max_queue: int = 256, prefill_tokens: int = 512,
+                 version: Callable[[], str | None] | None = None) -> None:
         self.engine = engine
         self.select = select
+        # The base weights' model_version, read when a request joins: the weights change only in a call, which
+        # runs once the batch has drained, so every token of a request comes from the weights it joined under.
+        self.version = version or (lambda: None)
         self.max_batch = max_batch
         self.max_queue = max_queue
         self.prefill_tokens = max(prefill_tokens, 1)
@@ -149,6 +157,7 @@ class Scheduler:
         self.waves = 0  # batches started from empty
         self.largest_wave = 0  # most requests decoded together
         self.steps = 0
+        self.shared_prompts = 0  # requests whose prompt's K/V were copied from a row with the same prompt
         self._step_s = 0.05  # running mean of a decode step, for Retry-After
         self._sdpa = getattr(engine.model.config, "_attn_implementation", "sdpa") == "sdpa"
         self._thread = threading.Thread(target=self._worker, name="transformers-engine", daemon=True)
@@ -230,6 +239,7 @@ class Scheduler:
         joining: list[_Job] = []
         tokens = 0
         free = self.max_batch - len(self.rows)
+        prompts = {row.prompt for row in self.rows}  # a prompt already in the batch costs one token (shared)
         for job in list(self._jobs):
             if job.call is not None or len(joining) >= free:
                 break
@@ -241,9 +251,12 @@ class Scheduler:
                 continue
             if request.adapter != self.weights:
                 break  # first come, first served: the other weights start once this batch drains
-            if joining and tokens + len(request.prompt_ids) > self.prefill_tokens:
+            prompt = tuple(request.prompt_ids)
+            cost = 1 if prompt in prompts else len(prompt)
+            if joining and tokens + cost > self.prefill_tokens:
                 break
-            tokens += len(request.prompt_ids)
+            tokens += cost
+            prompts.add(prompt)
             joining.append(job)
             self._jobs.remove(job)
             self._waiting -= 1
@@ -278,13 +291,37 @@ class Scheduler:
                 _settle(job, Generation([], [], [] if request.forced_ids else None, "length"))
                 continue
             seed = request.seed if request.seed is not None else engine.new_seed()
-            fresh.append(_Row(job, request, Generation([], [], [] if request.forced_ids else None, "length"), limit,
+            result = Generation([], [], [] if request.forced_ids else None, "length", version=self.version())
+            fresh.append(_Row(job, request, result, limit,
                               torch.Generator().manual_seed(seed), collections.deque(request.forced_ids),
                               bool(request.closing_ids), [s for s in request.stop if s]))
         if not fresh:
             return
+        # A prompt the batch holds already (a GRPO group's repeats, a retried request) is not computed again: its
+        # K/V up to the last token are copied from that row's slot and the last token joins the next decode.
         first = len(self.rows)
-        self.rows.extend(fresh)
+        sources = {row.prompt: slot for slot, row in enumerate(self.rows)}
+        packed: list[_Row] = []
+        shared: list[_Row] = []
+        for row in fresh:
+            if row.prompt in sources and len(row.prompt) > 1:
+                shared.append(row)
+            else:  # computed in the packed forward, at slot first + its index there
+                sources.setdefault(row.prompt, first + len(packed))
+                packed.append(row)
+        self.rows.extend(packed)
+        logits = self._forward_packed(packed, first) if packed else None
+        for row in shared:
+            self.cache.move(sources[row.prompt], len(self.rows), len(row.prompt) - 1)
+            row.length, row.last = len(row.request.prompt_ids) - 1, row.request.prompt_ids[-1]
+            self.rows.append(row)
+            self.shared_prompts += 1
+        if logits is not None:
+            self._sample(logits, packed, list(range(first, first + len(packed))))
+
+    def _forward_packed(self, fresh: list[_Row], first: int) -> torch.Tensor:
+        """The packed forward of the rows at slots first..: their K/V written, each one's last position's logits."""
+        engine = self.engine
         slots = [first + i for i in range(len(fresh))]
         lengths = [len(row.request.prompt_ids) for row in fresh]
         device = engine.device
@@ -306,7 +343,7 @@ class Scheduler:
         for slot, row, n in zip(slots, fresh, lengths):
             row.length = n
             cache.valid[slot] = max(cache.valid[slot], n)
-        self._sample(out.logits[0].float(), fresh, list(range(first, first + len(fresh))))
+        return out.logits[0].float()
 
     def _decode(self) -> None:
         """One token for every running row, in one forward pass."""

@@ -4,6 +4,7 @@ published in memory, as a new `model_version`, with no weight file written (the 
 resuming, apart).
 
     POST /colocate/train_step {"dataset": curated.jsonl, "config": a TrainConfig}  -> the step's Artefact
+    POST /colocate/load_adapter {"adapter_path": a LoRA step's adapter, "version"}  -> served as NAME@VERSION
 
 The step runs on the server's worker thread, alone, once the running batch has drained (`Scheduler.run`):
 generation pauses while the trainer steps, and the first request after it samples from the new weights.
@@ -58,6 +59,13 @@ class TrainStepRequest(BaseModel):
     config: dict[str, Any] = Field(description="the step's TrainConfig")
 
 
+class LoadAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    adapter_path: str = Field(description="a LoRA step's adapter folder (its checkpoint's adapter/)")
+    version: str = Field(description="the step's version: the server then lists NAME@VERSION")
+
+
 def device_bytes(device: Any) -> int:
     """Memory the device has free now: CUDA's own count, else the host's available RAM."""
     import torch
@@ -100,6 +108,7 @@ class ColocatedModel(TransformersModel):
 
     async def startup(self) -> None:
         self.trainer: Any = None
+        self.served_adapter: Any = None  # a LoRA step's adapter loaded from its checkpoint, with no trainer yet
         self.trained = 0  # steps published
         self.split: dict[str, Any] = {}
         await super().startup()
@@ -182,15 +191,43 @@ class ColocatedModel(TransformersModel):
         trainer.checkpoint = config.init_adapter
         return trainer
 
+    def _unwrap(self) -> Any:
+        """Take the served model's LoRA layers out (the last trainer's, or a checkpoint's); the bare model."""
+        from peft import PeftModel
+
+        for wrapped in (getattr(self.trainer, "model", None), self.served_adapter):
+            if isinstance(wrapped, PeftModel):
+                self.engine.model = wrapped.unload()
+                break
+        self.served_adapter = None
+        return self.engine.model
+
+    def _serve_adapter(self, adapter: str, version: str) -> str:
+        """On the worker thread: serve a LoRA step from its checkpoint's adapter (a resumed run, the guard's best
+        model); the trainer of the next step wraps the model with it again, with its optimizer state."""
+        from peft import PeftModel
+
+        wrapped = self.served_adapter is not None or isinstance(getattr(self.trainer, "model", None), PeftModel)
+        model = self._unwrap()
+        self.trainer = None
+        try:
+            self.served_adapter = PeftModel.from_pretrained(model, adapter, is_trainable=False)
+        except Exception as exc:  # PEFT and safetensors raise many kinds; each means this adapter does not fit
+            if wrapped:  # the adapter it served is gone: the base weights answer, under their own name
+                self.base_version = self.model_name
+            raise BadRequest(f"cannot load the adapter at {adapter}: {type(exc).__name__}: {exc}"[:2000],
+                             field="adapter_path") from None
+        model.eval()
+        self.base_version = f"{self.model_name}@{version}"
+        return self.base_version
+
     def _lora(self, model: Any, args: Any, adapter: str | None) -> Any:
         """The trainer's PEFT model around the served one (its LoRA layers injected in place)."""
         from peft import PeftModel, get_peft_model
 
         from rollgym.train.trainers.policy import LORA_TARGETS
 
-        if isinstance(getattr(self.trainer, "model", None), PeftModel):  # the last trainer's adapter goes first
-            model = self.trainer.model.unload()
-            self.engine.model = model
+        model = self._unwrap()  # the last adapter goes first
         if adapter:
             return PeftModel.from_pretrained(model, adapter, is_trainable=True)
         from peft import LoraConfig
@@ -223,6 +260,17 @@ class ColocatedModel(TransformersModel):
 
     def add_routes(self, app: FastAPI) -> None:
         super().add_routes(app)
+
+        @app.post("/colocate/load_adapter")
+        async def colocate_load_adapter(request: Request) -> JSONBytesResponse:
+            """A LoRA step's adapter (its checkpoint's adapter/) served as the step `version`: a resumed run."""
+            body = parse_body(LoadAdapterRequest, await read_json(request))
+            folder = Path(body.adapter_path)
+            if not (folder / "adapter_config.json").is_file():
+                raise BadRequest(f"{folder} has no adapter_config.json: not a PEFT adapter folder",
+                                 field="adapter_path", status=404)
+            version = await self.queue.run(lambda: self._serve_adapter(str(folder), body.version))
+            return JSONBytesResponse({"model_version": version})
 
         @app.post("/colocate/train_step")
         async def colocate_train_step(request: Request) -> JSONBytesResponse:

@@ -73,6 +73,7 @@ class Generation:
     finish_reason: str  # stop | length | abort
     stop_cut: int | None = None  # characters of the decoded text before a matched stop string
     first_token_at: float | None = None  # time.perf_counter() when its first token was picked (time to first token)
+    version: str | None = None  # the base weights' model_version when it joined the batch (Scheduler's `version`)
 
 
 class Engine:

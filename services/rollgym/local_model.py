@@ -44,6 +44,9 @@ class Turn:
     cached_tokens: int = 0
     generation_forced: list[int] | None = None  # 1: forced, not sampled
     generation_constrained: list[int] | None = None  # 1: sampled under a grammar
+    # The weights that sampled it, when they can change while a request waits (a full-weight reload): else the
+    # version the request found on arrival.
+    model_version: str | None = None
 
     def usage(self) -> dict[str, Any]:
         return {"input_tokens": len(self.prompt_token_ids), "output_tokens": len(self.generation_token_ids),
@@ -118,7 +121,7 @@ class LocalModelServer(ModelServer):
         return build_response(payload, output_items(turn), model=model, usage=turn.usage(),
                               status="incomplete" if incomplete else "completed",
                               incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-                              model_version=version, logprobs_mode=self._logprobs_mode(chat))
+                              model_version=turn.model_version or version, logprobs_mode=self._logprobs_mode(chat))
 
     async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
         adapter = self.adapter_for(payload)
@@ -127,7 +130,7 @@ class LocalModelServer(ModelServer):
         except ContextLengthError as exc:
             raise BadRequest(str(exc), field="messages") from None
         answer = chat_completion(turn, self.served_model(adapter), with_logprobs=bool(payload.get("logprobs")))
-        answer["model_version"] = self.version_of(adapter)
+        answer["model_version"] = turn.model_version or self.version_of(adapter)
         return answer
 
     async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:

@@ -58,3 +58,23 @@ def test_what_colocate_cannot_do_is_refused_by_key(tmp_path: Path, capsys: pytes
     change(data)  # type: ignore[operator]
     code, out = check(tmp_path, capsys, data)
     assert code == 2 and named in out, out
+
+
+def test_an_async_colocate_plan_trains_full_weights_and_checks_clean(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """mode: async with colocate: true: finetune: full is on-policy (each step published in memory); a trainer that
+    cannot run in the server is refused by key."""
+    data = plan_data(tmp_path)
+    stage = data.pop("stages")[0]
+    data.update(mode="async", optimize=stage["optimize"], orchestrator={
+        "batch_size": 12, "rollouts_per_example": 6, "max_steps": 4,
+        "envs": [{"name": "weather", "input": stage["collect"]["input"], "agent": "weather_agent",
+                  "params": stage["collect"]["params"]}]})
+    code, out = check(tmp_path, capsys, data)
+    assert code == 0, out
+    data.pop("colocate")
+    code, out = check(tmp_path, capsys, data)
+    assert code == 2 and "optimize.args.finetune: full cannot run with mode: async" in out, out
+    data.update(colocate=True, optimize={"trainer": "trl_sft", "args": {}})
+    code, out = check(tmp_path, capsys, data)
+    assert code == 2 and "optimize.trainer: colocate: true trains with grpo" in out, out

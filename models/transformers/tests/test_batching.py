@@ -99,6 +99,24 @@ def test_a_request_batched_gets_the_tokens_and_logprobs_it_gets_alone(served: An
         assert len(one["generation_token_ids"]) == body["max_output_tokens"]  # the random model never stops early
 
 
+def test_a_repeated_prompt_shares_the_batch_s_prefill_and_samples_as_alone(served: Any) -> None:
+    """A GRPO group: the same prompt four times (own seeds) while another prompt decodes. Its K/V are computed
+    once and copied; each request's tokens are those it gets alone, logprobs within float rounding."""
+    model, url = served
+    group = [{"input": "Count from one to ten in words.", "temperature": 1.0, "seed": 20 + i, "max_output_tokens": 9}
+             for i in range(4)]
+    alone = [record(asyncio.run(post_all(url, [body]))[0].json()) for body in group[:2]]
+    shared = model.queue.shared_prompts
+    other = {"input": "Why?", "temperature": 1.0, "seed": 5, "max_output_tokens": 30}
+    replies = asyncio.run(post_all(url, [other, *group], delays=[0, 0.05, 0.05, 0.05, 0.05]))
+    assert all(reply.status_code == 200 for reply in replies), [reply.text for reply in replies]
+    assert model.queue.shared_prompts - shared >= 3
+    for one, reply in zip(alone, replies[1:3]):
+        many = record(reply.json())
+        assert many["generation_token_ids"] == one["generation_token_ids"]
+        assert many["generation_log_probs"] == pytest.approx(one["generation_log_probs"], abs=1e-4)
+
+
 def test_a_late_request_joins_the_running_batch(served: Any) -> None:
     """A short request sent while a long one decodes is answered before the long one ends, in the same batch."""
     model, url = served
@@ -176,3 +194,29 @@ def test_a_full_weight_reload_changes_outputs_and_version(served: Any, checkpoin
         assert record(again)["generation_token_ids"] == record(before)["generation_token_ids"]
         assert record(again)["generation_log_probs"] == pytest.approx(record(before)["generation_log_probs"], abs=1e-5)
         assert again["model_version"] == "v0"
+
+
+def test_a_request_that_waits_through_a_reload_reports_the_new_weights(served: Any,
+                                                                       checkpoints: tuple[Path, Path]) -> None:
+    """A request queued behind a weight reload (itself behind a running request) is sampled by the new weights and
+    says so: its model_version is the reload's, not the one it found on arrival."""
+    model, url = served
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+            running = asyncio.create_task(http.post("/v1/responses", json={"input": "Go on.", "max_output_tokens": 200}))
+            while not model.queue.rows:
+                await asyncio.sleep(0.002)
+            reload = asyncio.create_task(http.post("/update_weights_from_disk", json={
+                "model_path": str(checkpoints[1]), "weight_version": "w1"}))
+            while not any(job.call is not None for job in list(model.queue._jobs)):  # noqa: SLF001
+                await asyncio.sleep(0.002)
+            assert not running.done()
+            waited = await http.post("/v1/responses", json={"input": "Say hi.", "max_output_tokens": 3})
+            return await running, await reload, waited
+
+    running, reload, waited = asyncio.run(scenario())
+    assert reload.status_code == 200 and running.json()["model_version"] != "w1"
+    assert waited.json()["model_version"] == record(waited.json())["model_version"] == "w1"
+    with httpx.Client(base_url=url, timeout=120) as http:  # the first weights back, for whatever runs next
+        assert http.post("/update_weights_from_disk", json={"model_path": str(checkpoints[0])}).status_code == 200

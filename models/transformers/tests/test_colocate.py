@@ -111,3 +111,48 @@ def test_a_step_trains_the_served_tensors_and_the_next_generation_samples_from_t
         assert publish(registry, artefact, base_version) == step["model_version"]
         assert respond(client, 5)["generation_log_probs"] == pytest.approx(sampled, abs=2e-3)
 
+
+
+def test_a_lora_step_is_served_again_from_its_checkpoint_by_a_fresh_server(tmp_path: Path) -> None:
+    """A LoRA co-located run resumes: a fresh server (the stack started again) serves the step's adapter from its
+    checkpoint under the step's version, sampling what the server that trained it sampled; the next step trains
+    on from it (the adapter unwrapped, wrapped again with the trainer's state)."""
+    def serve() -> Any:
+        return ColocatedModel(ColocateConfig(n_ctx=512, max_batch=4, finetune="lora", threads=1,
+                                             train_tokens=512, kv_tokens=2048), name="policy_model")
+
+    config = {"base_model": "bundled", "output_dir": str(tmp_path / "train"), "version": "policy-e001", "seed": 0,
+              "args": {"finetune": "lora", "learning_rate": 2e-2, "threads": 1, "lora": {"r": 4, "alpha": 8}}}
+    with serve_in_thread(serve(), timeout_s=300) as url, httpx.Client(base_url=url, timeout=300) as client:
+        base_version = client.get("/v1/models").json()["data"][0]["model_version"]
+        items = [respond(client, seed) for seed in (1, 2, 3, 4)]
+        dataset = tmp_path / "curated.jsonl"
+        group = {"rollouts": [member(item, advantage, n) for n, (item, advantage)
+                              in enumerate(zip(items, (1.0, -1.0, 1.0, -1.0)))]}
+        dataset.write_bytes(orjson.dumps(group) + b"\n")
+        registry = {"policy_model": ServerAddress(url=url, role="models")}
+        artefact = ColocatedTrainer(SimpleNamespace(registry=registry)).submit(
+            dataset, TrainConfig.model_validate(config)).wait(timeout=600)
+        assert artefact.kind == "lora" and Path(artefact.uri, "adapter_config.json").is_file()
+        trained = respond(client, 7)
+        assert trained["model_version"] == f"{base_version}@policy-e001"
+    server = serve()
+    with serve_in_thread(server, timeout_s=300) as url, httpx.Client(base_url=url, timeout=300) as client:
+        registry = {"policy_model": ServerAddress(url=url, role="models")}
+        assert respond(client, 7)["generation_log_probs"] != pytest.approx(trained["generation_log_probs"], abs=1e-3)
+        assert publish(registry, artefact, base_version) == trained["model_version"]
+        again = respond(client, 7)
+        assert again["model_version"] == trained["model_version"]
+        assert again["generation_token_ids"] == trained["generation_token_ids"]
+        assert again["generation_log_probs"] == pytest.approx(trained["generation_log_probs"], abs=1e-4)
+        refused = client.post("/colocate/load_adapter", json={"adapter_path": str(tmp_path), "version": "x"})
+        assert refused.status_code == 404 and "adapter_path" in refused.text
+        # The next step trains on from the served adapter: one adapter, no second wrapping.
+        step = {**config, "output_dir": str(tmp_path / "train2"), "version": "policy-e002", "init_adapter": artefact.uri}
+        ColocatedTrainer(SimpleNamespace(registry=registry)).submit(dataset, TrainConfig.model_validate(step)).wait(600)
+        assert respond(client, 8)["model_version"] == f"{base_version}@policy-e002"
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layers = [m for m in server.engine.model.modules() if isinstance(m, BaseTunerLayer)]
+        assert layers and all(len(m.active_adapters) == 1 for m in layers)
+        assert not any(isinstance(m.base_layer, BaseTunerLayer) for m in layers)

@@ -12,7 +12,8 @@
 Each batch (whole groups from `orchestrator`) is curated to what the plan's `optimize` trainer trains
 on (GRPO groups for `grpo`) and trained on by it, starting from the previous step's LoRA; its adapter is
 then hot-loaded on the stack's model servers (the orchestrator's `finish_step`) before generation for
-later steps goes on. Meanwhile the orchestrator keeps generating up to `max_async_level` steps ahead. With a
+later steps goes on. With `colocate: true` the step runs inside the policy server and is served as soon
+as it returns (published in memory, LoRA or full weights): `finish_step` only reads its version back. Meanwhile the orchestrator keeps generating up to `max_async_level` steps ahead. With a
 `teacher` (on-policy distillation, teacher.py), every batch's curated tokens are scored before its step.
 
 **Resuming.** The orchestrator keeps every batch as a step folder (`OUTPUT/orchestrator/steps/`), and a
@@ -58,7 +59,8 @@ class AsyncTrainLoop(TrainLoop):
             self.log(f"this run has stopped already: {self.state['stopped']}")
             return self.state
         started = time.perf_counter()
-        self.serving.serve_base("lora", plan.base_model)
+        self.serving.serve_base("memory" if plan.colocate else "lora", plan.base_model)
+        self._colocate_trainer()
         self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
         try:
             if plan.validation is not None and not any(line.get("step") == 0 for line in self.history()):
@@ -67,7 +69,7 @@ class AsyncTrainLoop(TrainLoop):
                 self._finish({"epoch": 0, "step": 0, "stage": "async", "model_version": None, "validation": summary})
             try:
                 orchestrator = Orchestrator(plan.orchestrator, self.serving.registry, self.output / "orchestrator",
-                                            log=self.log)
+                                            log=self.log, loader=self._loader())
             except ValueError as exc:  # e.g. a tasks file gone since the plan was loaded
                 raise TrainError(f"orchestrator: {exc}") from None
             if finished:
@@ -80,6 +82,15 @@ class AsyncTrainLoop(TrainLoop):
             self.release()
             self.serving.stop()
         return self.state
+
+    def _loader(self) -> Any:
+        """Co-locate mode: each step is served once it returns (published in memory), under its version."""
+        if not self.plan.colocate:
+            return None
+        from .colocate import memory_loader
+
+        assert self.plan.optimize is not None
+        return memory_loader(self.serving.registry, self.plan.optimize.finetune == "full", step_version)
 
     def _open_output(self) -> int:
         """Start a run in an empty output folder, or find where a run of the same plan stopped: the
@@ -176,11 +187,16 @@ class AsyncTrainLoop(TrainLoop):
     def _train_step(self, step: int, folder: Path, previous: Artefact | None) -> Artefact:
         optimize = self.plan.optimize
         assert optimize is not None
-        config = step_config(self.plan, optimize, folder, f"policy-s{step:03d}", step, previous)
+        config = step_config(self.plan, optimize, folder, step_version(step), step, previous)
         try:
             return self.trainers.train(optimize.trainer, folder / "curated.jsonl", config)
         except (TrainingFailed, ValueError) as exc:
             raise TrainError(f"step {step} optimize with {optimize.trainer}: {exc}") from None
 
 
-__all__ = ["AsyncTrainLoop"]
+def step_version(step: int) -> str:
+    """The version of the weights step `step` trains (co-located: what the server lists after the step)."""
+    return f"policy-s{step:03d}"
+
+
+__all__ = ["AsyncTrainLoop", "step_version"]

@@ -6,15 +6,19 @@ whose served parameters are the trainer's; agents and environments stay their ow
   the served weights on its worker thread and publishes them in memory as `name@VERSION`;
 - apply (`memory`, the default under colocate): nothing to load when the server already serves the step's
   version; otherwise (a resumed run, the guard going back to its best model) the step's checkpoint is
-  copied into the served weights (POST /update_weights_from_disk, or the adapter hot-loaded for LoRA).
+  copied into the served weights (POST /update_weights_from_disk; for LoRA, POST /colocate/load_adapter).
+- mode: async: the orchestrator's `loader` (`memory_loader`) reads the version each step published, so
+  the rollouts' model_versions map to the step that sampled them, as hot-loaded adapters' do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from ..orchestrator.policy_versions import AdapterLoadError, Loader
 from ..trainers.base import Artefact, JobStatus, TrainConfig, TrainingFailed
 
 POLICY = "policy_model"
@@ -60,14 +64,16 @@ def colocate_problems(plan: Any) -> list[str]:
     if not plan.stack.configs:
         problems.append("colocate: true starts the co-located policy server, so it needs stack.configs "
                         "(not stack.registry_file)")
-    if plan.mode == "async":
-        problems.append("colocate: true runs with mode: epochs (the async orchestrator hot-loads adapters)")
+    optimizers = [(f"stages[{i}].optimize", stage.optimize) for i, stage in enumerate(plan.stages)]
+    if plan.mode == "async" and plan.optimize is not None:  # each step published in memory, as in epochs
+        optimizers.append(("optimize", plan.optimize))
+    for key, optimize in optimizers:
+        if optimize.trainer not in ("grpo", "trl_grpo"):
+            problems.append(f"{key}.trainer: colocate: true trains with grpo (the trainer that "
+                            f"runs inside the policy server), not {optimize.trainer}")
+        elif optimize.grpo is not None and optimize.grpo.processes > 1:
+            problems.append(f"{key}.args.processes: colocate: true runs one trainer process")
     for i, stage in enumerate(plan.stages):
-        if stage.optimize.trainer not in ("grpo", "trl_grpo"):
-            problems.append(f"stages[{i}].optimize.trainer: colocate: true trains with grpo (the trainer that "
-                            f"runs inside the policy server), not {stage.optimize.trainer}")
-        elif stage.optimize.grpo is not None and stage.optimize.grpo.processes > 1:
-            problems.append(f"stages[{i}].optimize.args.processes: colocate: true runs one trainer process")
         if stage.apply not in ("memory", "none"):
             problems.append(f"stages[{i}].apply: {stage.apply}: under colocate: true the steps are published "
                             "in memory (apply: memory, the default; leave apply out)")
@@ -133,22 +139,44 @@ class ColocatedTrainer:
 
 def publish(registry: Any, artefact: Artefact, listed: str | None) -> str:
     """Make the co-located server serve `artefact` (listed: what it serves now); the version it serves."""
-    if listed is not None and listed.rsplit("@", 1)[-1] == artefact.version:
+    return publish_checkpoint(registry, artefact.kind == "full_weights", artefact.uri, artefact.version, listed)
+
+
+def publish_checkpoint(registry: Any, full: bool, uri: str, version: str, listed: str | None) -> str:
+    """Make the co-located server serve the step `version` whose checkpoint is `uri`; the version it serves."""
+    if listed is not None and listed.rsplit("@", 1)[-1] == version:
         return listed  # the step published it in memory
     import httpx
 
     url = policy_url(registry)
-    if artefact.kind == "full_weights":
+    if full:
         reply = httpx.post(f"{url}/update_weights_from_disk", timeout=600.0,
-                           json={"model_path": artefact.uri,
-                                 "weight_version": f"{(listed or POLICY).rsplit('@', 1)[0]}@{artefact.version}"})
+                           json={"model_path": uri, "weight_version": f"{(listed or POLICY).rsplit('@', 1)[0]}@{version}"})
         if reply.status_code != 200:
-            raise TrainingFailed(f"apply: memory: {POLICY} did not load {artefact.uri}: {reply.text}")
+            raise TrainingFailed(f"apply: memory: {POLICY} did not load {uri}: {reply.text}")
         # The weights are those of the step; its name makes the rollouts' versions comparable.
         return str(reply.json()["model_version"])
-    raise TrainingFailed(f"apply: memory: {artefact.version} is not what {POLICY} serves ({listed}); a LoRA run "
-                         "in co-locate mode resumes by its next step (the trainer restores the adapter)")
+    reply = httpx.post(f"{url}/colocate/load_adapter", timeout=600.0, json={"adapter_path": uri, "version": version})
+    if reply.status_code != 200:
+        raise TrainingFailed(f"apply: memory: {POLICY} did not load the adapter {uri}: {reply.text}")
+    return str(reply.json()["model_version"])
 
 
-__all__ = ["CONFIG", "ColocatedJob", "ColocatedTrainer", "colocate_config", "colocate_problems", "colocate_overrides", "policy_url",
-           "publish"]
+def memory_loader(registry: Any, full: bool, version_of: Callable[[int], str]) -> Loader:
+    """mode: async's stand-in for the LoRA hot-load (the orchestrator's `loader`): a finished step is already
+    served (published in memory) and only its version is read back; a resumed run's last step is copied in
+    from its checkpoint first."""
+    from ...adapters import listed_version
+
+    async def load(uri: str, step: int) -> list[str]:
+        listed = await listed_version(registry, POLICY, None)
+        try:
+            return [await asyncio.to_thread(publish_checkpoint, registry, full, uri, version_of(step), listed)]
+        except TrainingFailed as exc:
+            raise AdapterLoadError(f"step {step}: {exc}") from None
+
+    return load
+
+
+__all__ = ["CONFIG", "ColocatedJob", "ColocatedTrainer", "colocate_config", "colocate_problems", "colocate_overrides",
+           "memory_loader", "policy_url", "publish", "publish_checkpoint"]

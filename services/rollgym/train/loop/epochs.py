@@ -147,11 +147,7 @@ class TrainLoop:
         tqdm.monitor_interval = 0  # no monitor thread: the launcher forks servers only from a single thread
         started = time.perf_counter()
         self.serving.serve_base(mode, plan.base_model)
-        if plan.colocate:  # the grpo steps run inside the policy server (colocate.py)
-            from .colocate import ColocatedTrainer
-
-            for name in ("grpo", "trl_grpo"):
-                self.trainers.instances[name] = ColocatedTrainer(self.serving)
+        self._colocate_trainer()
         self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
         try:
             applied = self._artefact("applied")
@@ -172,6 +168,14 @@ class TrainLoop:
             self.release()
             self.serving.stop()
         return self.state
+
+    def _colocate_trainer(self) -> None:
+        """Under colocate: true the grpo steps run inside the policy server (colocate.py)."""
+        if self.plan.colocate:
+            from .colocate import ColocatedTrainer
+
+            for name in ("grpo", "trl_grpo"):
+                self.trainers.instances[name] = ColocatedTrainer(self.serving)
 
     def _epoch_zero(self) -> None:
         folder = self.folder.unit_dir(0)

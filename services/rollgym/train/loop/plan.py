@@ -305,9 +305,10 @@ class Plan(StrictModel):
                     "cannot serve (it hot-loads a LoRA adapter); use apply: merged or none, or finetune: lora"
                     for i, stage in enumerate(self.stages)
                     if stage.optimize.finetune == "full" and stage.apply == "lora"]
-        if self.mode == "async" and self.optimize is not None and self.optimize.finetune == "full":
+        if self.mode == "async" and self.optimize is not None and self.optimize.finetune == "full" \
+                and not self.colocate:  # co-located, each step's weights are published in memory
             problems.append("optimize.args.finetune: full cannot run with mode: async, which hot-loads every step's "
-                            "LoRA adapter (/v1/load_lora_adapter); use finetune: lora")
+                            "LoRA adapter (/v1/load_lora_adapter); use finetune: lora, or colocate: true")
         return problems
 
     def _sampling_problems(self) -> list[str]:

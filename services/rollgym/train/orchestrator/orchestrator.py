@@ -44,7 +44,7 @@ from .dispatch import Dispatching
 from .errors import OrchestratorError, StepSignalError
 from .groups import Group, VersionChanged
 from .metrics import Occupancy, SlotClient
-from .policy_versions import AdapterLoadError, PolicyVersions
+from .policy_versions import AdapterLoadError, Loader, PolicyVersions
 from .resume import ResumeError, repair_history, resume_point
 from .sources import EnvMixer, load_sources
 from .transports.folders import MARKER, Batch, StepFolders
@@ -54,11 +54,12 @@ class Orchestrator(Dispatching, BatchForming):
     """Forms training batches from a stack's agents and keeps inference within the staleness bounds.
 
     `registry` names the stack's servers (agents to run tasks, model servers to hot-load); `output`
-    is the run's folder (history.jsonl, failures.jsonl, and steps/ for the step-folder transport).
+    is the run's folder (history.jsonl, failures.jsonl, and steps/ for the step-folder transport);
+    `loader` replaces the LoRA hot-load of a finished step (co-locate mode publishes it in memory).
     """
 
     def __init__(self, config: OrchestratorConfig, registry: Mapping[str, ServerAddress], output: str | Path, *,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, loader: Loader | None = None) -> None:
         self.config = config
         self.registry = dict(registry)
         self.output = Path(output)
@@ -74,7 +75,7 @@ class Orchestrator(Dispatching, BatchForming):
         self.mixer = EnvMixer({env.name: env.ratio for env in config.envs}, config.groups_per_step)
         self.envs = {env.name: env for env in config.envs}
         self.agents = {env.name: self._agent(env) for env in config.envs}
-        self.versions = PolicyVersions(self.registry, config.model_servers, config.adapter_name, log)
+        self.versions = PolicyVersions(self.registry, config.model_servers, config.adapter_name, log, loader)
         self.policy = RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s,
                                   budget_s=config.budget_s)
         self.version = 0

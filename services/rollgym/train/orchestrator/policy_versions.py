@@ -9,7 +9,7 @@ of a rollout tell which step's weights sampled them.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from ...adapters import AdapterRefused, base_card, load_everywhere
 from ...client import ServerAddress, ServerClient
@@ -20,12 +20,18 @@ class AdapterLoadError(RuntimeError):
     """A model server refused an adapter; the message says which server, which adapter and why."""
 
 
+# Makes the servers serve a step's weights by other means than a LoRA hot-load (co-locate mode: the step was
+# published in memory): (path, step) -> the model_versions the servers now report.
+Loader = Callable[[str, int], Awaitable[list[str]]]
+
+
 class PolicyVersions:
     """The stack's model servers, the adapters loaded on them, and model_version → step."""
 
     def __init__(self, registry: Mapping[str, ServerAddress], model_servers: list[str] | None, adapter_name: str,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, loader: Loader | None = None) -> None:
         self.registry = registry
+        self.loader = loader
         self.adapter_name = adapter_name
         self.log = log
         self.named = model_servers is not None
@@ -73,14 +79,16 @@ class PolicyVersions:
             return
         async with self._lock:
             try:
-                versions = await load_everywhere(self.registry, self.servers, self.adapter_name, adapter_path)
+                versions = await (self.loader(adapter_path, step) if self.loader is not None else
+                                  load_everywhere(self.registry, self.servers, self.adapter_name, adapter_path))
             except AdapterRefused as exc:
                 raise AdapterLoadError(f"step {step}: {exc}") from None
             for version in versions:
                 if version:  # vLLM answers a plain sentence: its rollouts fall back to the dispatch-time step
                     self.steps[str(version)] = step
         self.adapter = adapter_path
-        self.log(f"step {step}: adapter {adapter_path} loaded on {', '.join(self.servers)}")
+        if self.loader is None:
+            self.log(f"step {step}: adapter {adapter_path} loaded on {', '.join(self.servers)}")
 
     async def learn_base(self, client: ServerClient) -> None:
         """The model_version each model server reports for its base weights is version 0."""
@@ -106,4 +114,4 @@ class PolicyVersions:
         return newest, sorted(version for version, step in self.steps.items() if step == newest)
 
 
-__all__ = ["AdapterLoadError", "PolicyVersions"]
+__all__ = ["AdapterLoadError", "Loader", "PolicyVersions"]
