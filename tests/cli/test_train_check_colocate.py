@@ -50,6 +50,9 @@ def test_a_colocate_plan_without_apply_checks_clean_and_publishes_in_memory(
     (lambda d: d["stages"][0].update(apply="merged"), "stages[0].apply: merged"),
     (lambda d: d["stages"][0]["optimize"].update(trainer="trl_sft", args={}), "stages[0].optimize.trainer"),
     (lambda d: d["stages"][0]["optimize"]["args"].update(processes=2), "stages[0].optimize.args.processes"),
+    (lambda d: d["stages"][0]["optimize"]["args"].update(nnodes=2, rdzv_endpoint="node0:29500"),
+     "stages[0].optimize.args.nnodes: colocate: true runs one trainer process"),
+    (lambda d: d["stages"][0]["optimize"]["args"].update(devices=[1]), "stages[0].optimize.args.devices"),
     (lambda d: d.update(colocate=False) or d["stages"][0].update(apply="memory"), "it needs colocate: true"),
 ])
 def test_what_colocate_cannot_do_is_refused_by_key(tmp_path: Path, capsys: pytest.CaptureFixture[str],

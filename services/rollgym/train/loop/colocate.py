@@ -71,8 +71,11 @@ def colocate_problems(plan: Any) -> list[str]:
         if optimize.trainer not in ("grpo", "trl_grpo"):
             problems.append(f"{key}.trainer: colocate: true trains with grpo (the trainer that "
                             f"runs inside the policy server), not {optimize.trainer}")
-        elif optimize.grpo is not None and optimize.grpo.processes > 1:
-            problems.append(f"{key}.args.processes: colocate: true runs one trainer process")
+        elif optimize.grpo is not None:
+            grpo = optimize.grpo
+            problems += [f"{key}.args.{name}: colocate: true runs one trainer process, in the policy server"
+                         for name, spread in (("processes", grpo.processes > 1), ("nnodes", grpo.nnodes > 1),
+                                              ("devices", grpo.devices is not None)) if spread]
     for i, stage in enumerate(plan.stages):
         if stage.apply not in ("memory", "none"):
             problems.append(f"stages[{i}].apply: {stage.apply}: under colocate: true the steps are published "
