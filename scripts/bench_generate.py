@@ -15,7 +15,8 @@ tokens/s, time to first token (p50, p90) and latency p50, and a markdown table.
 
 Models: `tiny` is a random-init Llama-shaped model (hidden 256, 4 layers, 8 heads, 2 KV heads) with
 the bundled tokenizer; `smollm2` is the bundled SmolLM2-135M in Hugging Face form (its GGUF
-dequantized once and cached, as the server and the trainer load it); `--hf PATH` adds any HF folder.
+dequantized once and cached, as the server and the trainer load it); `qwen-1.5b` a random-init model of
+Qwen2.5-1.5B's shape (the GPU check's; bf16 on CUDA); `--hf PATH` adds any HF folder.
 """
 
 from __future__ import annotations
@@ -65,12 +66,27 @@ def tiny_llama(vocab: int) -> Any:
     return LlamaForCausalLM(config).eval()
 
 
+def qwen_1_5b(device: str) -> Any:
+    """A random-init model of Qwen2.5-1.5B's shape (bf16, made on the device: seconds, not minutes)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
+                         tie_word_embeddings=True, rope_theta=1e6)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if device.startswith("cuda")
+                                                else torch.float32)
+
+
 def load(name: str, device: str) -> tuple[Any, Any]:
     from rollgym.train.trainers.policy import load_base
 
-    model, tokenizer = load_base("bundled" if name in ("smollm2", "tiny") else name)
+    model, tokenizer = load_base("bundled" if name in ("smollm2", "tiny", "qwen-1.5b") else name)
     if name == "tiny":
         model = tiny_llama(len(tokenizer))
+    elif name == "qwen-1.5b":  # the bundled tokenizer's ids all lie within its vocabulary
+        model = qwen_1_5b(device)
     return model.to(device).eval(), tokenizer
 
 
@@ -83,9 +99,13 @@ def workload(engine: Engine, count: int, seed: int, distinct: bool = False) -> l
 
 
 def waves_module(ref: str) -> Any:
-    """The previous engine module (BatchQueue, Engine), read from git at `ref`, as models.transformers.waves_engine."""
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:models/transformers/engine.py"], check=True,
-                            capture_output=True, text=True).stdout
+    """The previous engine module (BatchQueue, Engine), read from git at `ref` (or from the file `ref`, for a
+    copy of the tree without git: scripts/gpu/wheels.sh writes one), as models.transformers.waves_engine."""
+    if Path(ref).is_file():
+        source = Path(ref).read_text()
+    else:
+        source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:models/transformers/engine.py"],
+                                check=True, capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp(prefix="waves-")) / "waves_engine.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("models.transformers.waves_engine", path)

@@ -217,19 +217,24 @@ if ! wanted generate; then
     ROW[generate]="not asked for (--only)"
 elif [ ! -f scripts/bench_generate.py ]; then
     ROW[generate]="missing: scripts/bench_generate.py is not in this tree"
+elif [ -z "$bundled" ]; then
+    ROW[generate]="skipped: the bundled weights (their tokenizer) are missing"
 elif ! runnable; then
     ROW[generate]="skipped: no CUDA device"
 else
-    limit=${CHECK_GENERATE_S:-90}
+    limit=${CHECK_GENERATE_S:-150}
     [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_GENERATE_S:-300}
-    # shellcheck disable=SC2206  # extra options, split on spaces
-    generate_args=(${CHECK_GENERATE_ARGS:-})
+    # The baseline engine (today's waves) comes from git; a copy of the tree without it has wheels.sh's file.
+    waves=()
+    [ -f "$WHEELS/core/waves_engine.py" ] && ! git rev-parse --git-dir > /dev/null 2>&1 \
+        && waves=(--waves-ref "$WHEELS/core/waves_engine.py")
     if [ "$MODE" = "cpu-smoke" ]; then
-        generate_args=(--device cpu --models tiny --concurrency 1,4 --requests-per-client 1 "${generate_args[@]}")
+        generate_args=(--device cpu --models tiny --concurrency 1,4 --requests-per-client 1)
     else
-        generate_args=(--device cuda "${generate_args[@]}")
-        [ -z "$bundled" ] && [[ " ${generate_args[*]} " != *" --models "* ]] && generate_args+=(--models tiny)
+        generate_args=(--device cuda --models qwen-1.5b --requests-per-client 1)
     fi
+    # shellcheck disable=SC2206  # extra options, split on spaces; later ones win
+    generate_args+=("${waves[@]}" ${CHECK_GENERATE_ARGS:-})
     timeout "$limit" "$PY" scripts/bench_generate.py "${generate_args[@]}" > "$LOGS/generate.log" 2>&1
     code=$?
     rows=$(grep -E " tok/s +TTFT " "$LOGS/generate.log" | sed -E 's/ +\([0-9]+ requests.*$//')

