@@ -9,6 +9,7 @@ a disjoint one 0.0 ("hard") and a partly overlapping one 2/3 (kept).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -265,6 +266,32 @@ def test_hot_loaded_versions_bound_what_each_step_is_sampled_from(stack, tmp_pat
             assert 0 <= rollout["policy_lag"] <= 1
             sampled.append(rollout["sampled_step"])
     assert max(sampled) >= 3  # the policy moved on while the run went on
+
+
+def test_steps_that_train_nothing_keep_the_served_weights_current_also_after_a_resume(stack, tmp_path):
+    """A step with no new weights (no group with a reward spread) leaves the base served: that is the next
+    step's policy too, so what it samples is on-policy. Before, the base stayed version 0 and every group
+    of step 3 came out 2 steps stale and was dropped, again and again, for ever; a resumed run too."""
+    cfg = config(tmp_path, max_steps=4, max_async_level=1, max_off_policy_steps=1, model_servers=None)
+
+    async def trainer(orchestrator: Orchestrator, stop_after: int | None = None) -> list[Batch]:
+        batches = []
+        async with contextlib.aclosing(orchestrator.batches(persist=True)) as stream:
+            async for batch in stream:
+                batches.append(batch)
+                await orchestrator.finish_step(batch.step, None)
+                if batch.step == stop_after:
+                    break
+        return batches
+
+    first = Orchestrator(cfg, stack, tmp_path / "out", log=lambda _: None)
+    before = asyncio.run(asyncio.wait_for(trainer(first, stop_after=3), 60))
+    assert [b.step for b in before] == [1, 2, 3] and first.version_steps == {"scripted": 3}
+    resumed = Orchestrator(cfg, stack, tmp_path / "out", log=lambda _: None)
+    after = asyncio.run(asyncio.wait_for(trainer(resumed), 60))
+    assert [b.step for b in after] == [4] and resumed.version_steps == {"scripted": 4}
+    assert all(0 <= r["policy_lag"] <= 1 for batch in before + after for r in batch.rollouts)
+    assert sum(line["dropped"]["stale"] for line in history(tmp_path)) == 0
 
 
 def test_steps_finish_in_order_and_only_once_handed_out(stack, tmp_path):

@@ -149,6 +149,8 @@ class Orchestrator(Dispatching, BatchForming):
             raise ValueError(f"step {step} has not been handed to the trainer yet")
         if adapter_path:
             await self.hot_load(str(adapter_path), step)
+        else:
+            self.versions.carry(step)
         if self._record_finish:  # in-process batches kept on disk: a resumed run knows what was applied
             await asyncio.to_thread(self.folders.finish, step, adapter_path or None)
         self.version = step
@@ -349,6 +351,8 @@ class Orchestrator(Dispatching, BatchForming):
             self.done_at.setdefault(self.version, time.monotonic())
             await self.versions.learn_base(self._client)
             await self._reload_pending()
+            if self.versions.adapter is None:  # resumed after steps that all trained nothing: still the base
+                self.versions.carry(self.version)
             self._busy.start(self.config.concurrency)
             last_ready = time.monotonic()
             with (self.output / "failures.jsonl").open("ab") as self._failures_file:

@@ -108,6 +108,14 @@ class PolicyVersions:
         steps = [self.steps[v] for v in model_versions(rollout, served_model=False) if v in self.steps]
         return min(steps) if steps else fallback
 
+    def carry(self, step: int) -> None:
+        """Step `step` made no new weights: the ones served are its policy too. Their model_versions map to it,
+        so what they sample is not counted stale (and dropped again and again) while steps train nothing."""
+        newest, versions = self.newest()
+        if step > newest:
+            for version in versions:
+                self.steps[version] = step
+
     def newest(self) -> tuple[int, list[str]]:
         """The newest step whose weights were loaded, and the model_versions the servers report for them."""
         newest = max(self.steps.values(), default=0)
