@@ -53,6 +53,8 @@ def test_a_colocate_plan_without_apply_checks_clean_and_publishes_in_memory(
     (lambda d: d["stages"][0]["optimize"]["args"].update(nnodes=2, rdzv_endpoint="node0:29500"),
      "stages[0].optimize.args.nnodes: colocate: true runs one trainer process"),
     (lambda d: d["stages"][0]["optimize"]["args"].update(devices=[1]), "stages[0].optimize.args.devices"),
+    (lambda d: d["stages"][0]["optimize"]["args"].update(checkpoint_every=4),
+     "stages[0].optimize.args.checkpoint_every: colocate: true checkpoints every step"),
     (lambda d: d.update(colocate=False) or d["stages"][0].update(apply="memory"), "it needs colocate: true"),
 ])
 def test_what_colocate_cannot_do_is_refused_by_key(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -76,6 +76,9 @@ def colocate_problems(plan: Any) -> list[str]:
             problems += [f"{key}.args.{name}: colocate: true runs one trainer process, in the policy server"
                          for name, spread in (("processes", grpo.processes > 1), ("nnodes", grpo.nnodes > 1),
                                               ("devices", grpo.devices is not None)) if spread]
+            if grpo.checkpoint_every > 1:  # the co-located server checkpoints each step: what a resume loads
+                problems.append(f"{key}.args.checkpoint_every: colocate: true checkpoints every step (a resumed "
+                                "run loads the last step's checkpoint into the served weights)")
     for i, stage in enumerate(plan.stages):
         if stage.apply not in ("memory", "none"):
             problems.append(f"stages[{i}].apply: {stage.apply}: under colocate: true the steps are published "
