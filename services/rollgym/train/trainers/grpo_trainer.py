@@ -96,8 +96,8 @@ class PolicyTrainer:
         from .policy import load_base, load_policy
 
         started = time.perf_counter()
-        if not_resumable(init):
-            raise TrainingFailed(not_resumable(init))
+        if why := not_resumable(init):
+            raise TrainingFailed(why)
         checkpoint = checkpoint_of(init)
         random.seed(self.seed)
         torch.manual_seed(self.seed)
