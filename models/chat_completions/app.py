@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Literal
 
 from fastapi import FastAPI, HTTPException, Request
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rollgym import ModelServer, ResponsesCreateParams, ServerCallError, ServerConfig, build_response
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
@@ -37,6 +37,8 @@ from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
 from .adapters import backend_model, load_everywhere, unload_everywhere, update_weights_everywhere
+from .continuation import (ABORTED, MAX_CONTINUATIONS, Segment, continuation_body, joined_text, wait_until_resumed,
+                           was_aborted)
 from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
 from .routing import Backend, BackendPool, BackendUnavailable
 
@@ -73,6 +75,11 @@ class ChatCompletionsConfig(ServerConfig):
         default="raw", description="which logprobs the backend returns, recorded on every item: vLLM's --logprobs-mode "
                                    "raw_logprobs (its default: before temperature and top-p) or processed_logprobs")
     backend_cooldown_s: float = Field(default=10.0, gt=0, description="how long a failed backend gets no traffic")
+    continue_aborted: bool = Field(
+        default=False, description="in-flight weight updates: a generation the backend aborts (vLLM's /pause?mode="
+        "abort) is continued from its partial tokens once the backend is resumed, on the new weights (continuation.py)")
+    resume_wait_s: float = Field(default=300.0, gt=0, description="how long an aborted generation waits for the "
+                                 "backend's /resume before it fails (continue_aborted)")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra keys for every backend request")
 
     @field_validator("base_url")
@@ -88,6 +95,14 @@ class ChatCompletionsConfig(ServerConfig):
         load_parser(self.tool_parser, TOOL_PARSERS)
         load_parser(self.reasoning_parser, REASONING_PARSERS)
         return self
+
+    @field_validator("continue_aborted")
+    @classmethod
+    def _continuation(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and (info.data.get("backend") != "vllm" or not info.data.get("return_token_ids")):
+            raise ValueError("continues a generation from its partial tokens: it needs backend: vllm and "
+                             "return_token_ids: true")
+        return value
 
     @property
     def base_urls(self) -> list[str]:
@@ -112,6 +127,8 @@ class Turn:
     usage: dict[str, Any] | None = None
     tokens: dict[str, Any] | None = None
     model_version: str | None = None
+    # A generation continued after aborts (continuation.py): (raw version, tokens) per segment, in order.
+    version_spans: list[tuple[str | None, int]] | None = None
 
 
 def context_length_turn() -> Turn:
@@ -221,6 +238,10 @@ class ChatCompletionsModel(ModelServer):
                 item["id"] = self.pool.tag_item_id(item["id"], backend)
         if turn.tokens is not None:
             output[-1].update(turn.tokens)
+            if turn.version_spans is not None:  # continued after aborts: which weights sampled which tokens
+                output[-1]["model_version_spans"] = [
+                    {"model_version": self.version_of(adapter) if adapter else (raw or self.config.model),
+                     "tokens": count} for raw, count in turn.version_spans]
             # What the backend applied, not what the client asked for (build_response's record keeps this one).
             stamp_sampling(output, applied_sampling(chat_request, self.config.logprobs_mode))
         return build_response(payload, output, model=adapter.name if adapter else self.config.model, usage=turn.usage,
@@ -242,7 +263,8 @@ class ChatCompletionsModel(ModelServer):
                     return await self._chat(backend, chat_request, input_ids=prompt_ids)
         return await self._chat(backend, chat_request)
 
-    async def _chat(self, backend: Backend, chat_request: dict[str, Any], input_ids: list[int] | None = None) -> Turn:
+    async def _chat(self, backend: Backend, chat_request: dict[str, Any], input_ids: list[int] | None = None,
+                    restarts: int = 0) -> Turn:
         body = dict(chat_request)
         if self.config.backend == "openai" and "max_tokens" in body:
             body["max_completion_tokens"] = body.pop("max_tokens")  # OpenAI's name; o-series reject max_tokens
@@ -258,6 +280,8 @@ class ChatCompletionsModel(ModelServer):
             return context_length_turn()
         _raise_for_status(reply)
         chat = reply.json()
+        if was_aborted((chat.get("choices") or [{}])[0]):
+            return await self._chat_aborted(backend, chat_request, chat, input_ids, restarts)
         try:
             converted = chat_response_to_output(chat, parse_think_tags=self.config.parse_think_tags)
         except ConversionError as exc:
@@ -278,20 +302,28 @@ class ChatCompletionsModel(ModelServer):
                 tokens["generation_forced"] = forced
             tokens["generation_constrained"] = [1] * len(tokens["generation_log_probs"])
         return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
-                    self.config.model_version or backend_model_version(chat))
+                    self._served_version(chat))
+
+    async def _chat_aborted(self, backend: Backend, chat_request: dict[str, Any], chat: dict[str, Any],
+                            input_ids: list[int] | None, restarts: int) -> Turn:
+        """An aborted chat generation: continued from its tokens on /v1/completions (its text parsed here), or,
+        when a grammar shaped it (a completions prompt cannot carry that on), generated anew once resumed."""
+        tokens = token_triple(chat, prompt_ids=input_ids) if self.wants_tokens else None
+        if self.config.continue_aborted and tokens is not None and constrains_output(chat_request):
+            if restarts >= MAX_CONTINUATIONS:
+                raise HTTPException(502, detail=f"backend aborted the generation {restarts + 1} times")
+            await wait_until_resumed(lambda: self._is_paused(backend), self.config.resume_wait_s,
+                                     len(tokens["generation_token_ids"]))
+            return await self._chat(backend, chat_request, input_ids, restarts + 1)
+        prompt_ids = tokens["prompt_token_ids"] if tokens is not None else []
+        return await self._continue(backend, chat_request, self._completion_body(chat_request, prompt_ids), prompt_ids,
+                                    tokens, self._served_version(chat))
 
     async def _complete_tokens(self, backend: Backend, chat_request: dict[str, Any], prompt_ids: list[int]) -> Turn | None:
         """vLLM: generate from a token-id prompt on /v1/completions and parse the raw text here."""
         if backend.capabilities.get("completions") is False:
             return None
-        max_tokens = chat_request.get("max_tokens", self.config.default_max_output_tokens)
-        body: dict[str, Any] = {"model": chat_request.get("model", self.config.model), "prompt": prompt_ids,
-                                "max_tokens": max_tokens,
-                                "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
-        for key in (*BACKEND_NEUTRAL, "seed", "stop"):
-            if chat_request.get(key) is not None:
-                body[key] = chat_request[key]
-        body.update(self.config.extra_body)
+        body = self._completion_body(chat_request, prompt_ids)
         reply = await self._post(backend, "/completions", body)
         if reply.status in (404, 405):
             backend.capabilities["completions"] = False
@@ -301,19 +333,114 @@ class ChatCompletionsModel(ModelServer):
         _raise_for_status(reply)
         completion = reply.json()
         choice = (completion.get("choices") or [{}])[0]
-        text = choice.get("text") or ""
+        tokens = completion_triple(choice, prompt_ids)
+        if was_aborted(choice):
+            return await self._continue(backend, chat_request, body, prompt_ids, tokens, self._served_version(completion))
+        return self._text_turn(chat_request, choice.get("text") or "", choice.get("finish_reason"),
+                               completion.get("usage"), tokens, self._served_version(completion))
+
+    def _completion_body(self, chat_request: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any]:
+        """The /v1/completions body of a token-id prompt, with the request's sampling settings."""
+        max_tokens = chat_request.get("max_tokens", self.config.default_max_output_tokens)
+        body: dict[str, Any] = {"model": chat_request.get("model", self.config.model), "prompt": prompt_ids,
+                                "max_tokens": max_tokens,
+                                "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
+        for key in (*BACKEND_NEUTRAL, "seed", "stop"):
+            if chat_request.get(key) is not None:
+                body[key] = chat_request[key]
+        body.update(self.config.extra_body)
+        return body
+
+    def _text_turn(self, chat_request: dict[str, Any], text: str, finish_reason: Any, usage: Any,
+                   tokens: dict[str, Any] | None, version: str | None,
+                   spans: list[tuple[str | None, int]] | None = None) -> Turn:
+        """A raw completion's text parsed here into reasoning, message and tool calls."""
         # tool_choice "none" cannot reach a completions prompt: a call the model writes anyway stays text.
         tools_offered = bool(chat_request.get("tools")) and chat_request.get("tool_choice") != "none"
         message = parse_generation(text, tools_offered=tools_offered,
                                    tool_parser=self.tool_parser, reasoning_parser=self.reasoning_parser)
         self.parsing["generations"] += 1
         self.parsing["failures"] += message.pop("parse_failures")
-        chat_like = {"choices": [{"message": message, "finish_reason": choice.get("finish_reason")}],
-                     "usage": completion.get("usage")}
+        chat_like = {"choices": [{"message": message, "finish_reason": finish_reason}], "usage": usage}
         converted = chat_response_to_output(chat_like, parse_think_tags=False)
-        tokens = completion_triple(choice, prompt_ids)
         return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
-                    self.config.model_version or backend_model_version(completion))
+                    version, spans)
+
+    def _served_version(self, answer: dict[str, Any]) -> str | None:
+        """The version of the weights that answered, as known when the answer came back: the configured
+        one, else the backend's (`weight_version`)."""
+        return self.config.model_version or backend_model_version(answer)
+
+    # ------------------------------------------------------------------ in-flight weight updates
+
+    async def _continue(self, backend: Backend, chat_request: dict[str, Any], body: dict[str, Any],
+                        prompt_ids: list[int], tokens: dict[str, Any] | None, version: str | None) -> Turn:
+        """A generation the backend aborted, continued from its tokens after each resume until it ends
+        (continuation.py): one Turn with all its tokens and a version span per segment."""
+        if not self.config.continue_aborted:
+            raise HTTPException(502, detail="backend aborted the generation (finish_reason abort: a weight update or "
+                                            "/abort_requests); continue_aborted: true continues such generations")
+        if tokens is None:
+            raise HTTPException(502, detail="backend aborted the generation without its token ids and logprobs, so "
+                                            "it cannot be continued")
+        segments = [Segment(tokens["generation_token_ids"], tokens["generation_log_probs"], version)]
+        choice: dict[str, Any] = {"finish_reason": ABORTED}
+        for _ in range(MAX_CONTINUATIONS):
+            generated = [token for segment in segments for token in segment.token_ids]
+            await wait_until_resumed(lambda: self._is_paused(backend), self.config.resume_wait_s, len(generated))
+            rest = continuation_body(body, prompt_ids, generated)
+            if rest is None:  # aborted on its last token
+                choice = {"finish_reason": "length"}
+                break
+            reply = await self._post(backend, "/completions", rest)
+            if is_context_error(reply):  # the context is full: the generation ends there, cut off
+                choice = {"finish_reason": "length"}
+                break
+            _raise_for_status(reply)
+            completion = reply.json()
+            choice = (completion.get("choices") or [{}])[0]
+            part = completion_triple(choice, rest["prompt"])
+            if part is None:
+                raise HTTPException(502, detail="backend continued an aborted generation without token ids and "
+                                                "logprobs")
+            segments.append(Segment(part["generation_token_ids"], part["generation_log_probs"],
+                                    self._served_version(completion)))
+            if not was_aborted(choice):
+                break
+        else:
+            raise HTTPException(502, detail=f"backend aborted the generation {MAX_CONTINUATIONS + 1} times")
+        ids = [token for segment in segments for token in segment.token_ids]
+        logprobs = [value for segment in segments for value in segment.logprobs]
+        text = joined_text(await self._decode(backend, ids), choice.get("stop_reason")) if ids else ""
+        last = next((segment for segment in reversed(segments) if segment.token_ids), segments[-1])
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
+        return self._text_turn(chat_request, text, choice.get("finish_reason"), usage,
+                               {"prompt_token_ids": list(prompt_ids), "generation_token_ids": ids,
+                                "generation_log_probs": logprobs}, last.model_version,
+                               [(segment.model_version, len(segment.token_ids)) for segment in segments
+                                if segment.token_ids])
+
+    async def _is_paused(self, backend: Backend) -> bool:
+        """vLLM's `GET /is_paused` (dev mode); a backend without the route cannot be paused."""
+        try:
+            reply = await self.client.get(backend.root, "/is_paused", timeout_s=self.config.timeout_s,
+                                          max_retries=self.config.max_retries)
+        except ServerCallError as exc:
+            raise BackendUnavailable(f"backend: {exc}") from None
+        if reply.status in (404, 405):
+            return False
+        _raise_for_status(reply)
+        return bool(reply.json().get("is_paused"))
+
+    async def _decode(self, backend: Backend, ids: list[int]) -> str:
+        """The backend's `/detokenize` of `ids` (vLLM answers `prompt`, SGLang `text`)."""
+        reply = await self._post(backend, "/detokenize", {"model": self.config.model, "tokens": ids}, root=True)
+        if reply.status in (404, 405):
+            raise BadRequest("the backend has no /detokenize", status=404)
+        _raise_for_status(reply)
+        answer = reply.json()
+        text = answer.get("prompt", answer.get("text"))
+        return text if isinstance(text, str) else ""
 
     async def _extended_prompt(self, backend: Backend, chat_request: dict[str, Any],
                                previous: tuple[TokenRecord, list[dict[str, Any]]]) -> list[int] | None:
@@ -415,19 +542,10 @@ class ChatCompletionsModel(ModelServer):
             if self.config.backend == "openai":
                 raise BadRequest("an OpenAI backend has no tokenizer endpoint", status=404)
 
-            async def decode(backend: Backend, ids: list[int]) -> str:
-                reply = await self._post(backend, "/detokenize", {"model": self.config.model, "tokens": ids}, root=True)
-                if reply.status in (404, 405):
-                    raise BadRequest("the backend has no /detokenize", status=404)
-                _raise_for_status(reply)
-                answer = reply.json()
-                text = answer.get("prompt", answer.get("text"))
-                return text if isinstance(text, str) else ""
-
             async def call(backend: Backend) -> dict[str, Any]:
-                result: dict[str, Any] = {"text": await decode(backend, tokens)}
+                result: dict[str, Any] = {"text": await self._decode(backend, tokens)}
                 if payload.get("pieces"):
-                    result["pieces"] = list(await asyncio.gather(*(decode(backend, [t]) for t in tokens[:256])))
+                    result["pieces"] = list(await asyncio.gather(*(self._decode(backend, [t]) for t in tokens[:256])))
                 return result
 
             result, _ = await self._routed(call)

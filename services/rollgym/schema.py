@@ -28,14 +28,26 @@ from .statuses import FAILURE_STATUSES, POLICY_STATUSES, RolloutStatus
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
 
+class VersionSpan(BaseModel):
+    """`tokens` consecutive tokens sampled by the weights `model_version` (in-flight updates); None: not known, or
+    (in a sequence's `completion_version_spans`) tokens the environment added."""
+
+    model_version: str | None = None
+    tokens: int = Field(ge=1)
+
+
 class TokenFields(BaseModel):
     """The token-level record of one model call, carried by the item that call generated."""
 
     prompt_token_ids: list[int] | None = None
     generation_token_ids: list[int] | None = None
     generation_log_probs: list[float] | None = None
-    # Which weights produced the tokens, for off-policy trainers; set by servers that know it.
+    # Which weights produced the tokens, for off-policy trainers; set by servers that know it. With
+    # `model_version_spans`, the version of the last token.
     model_version: str | None = None
+    # A generation that went on across weight updates (continued after an abort): which version sampled how
+    # many of `generation_token_ids`, in order; the counts add up to their length. Absent: all `model_version`'s.
+    model_version_spans: list[VersionSpan] | None = None
     # What they were sampled under: temperature, top_p, top_k, and `logprobs` "raw" | "processed".
     sampling: dict[str, Any] | None = None
     # 1 where a grammar (a forced tool call) admitted no other token.
@@ -56,6 +68,11 @@ class TokenFields(BaseModel):
                 f"generation_log_probs has {len(self.generation_log_probs)} values for "
                 f"{len(self.generation_token_ids)} generation_token_ids"
             )
+        if self.model_version_spans is not None and self.generation_token_ids is not None:
+            spanned = sum(span.tokens for span in self.model_version_spans)
+            if spanned != len(self.generation_token_ids):
+                raise ValueError(f"model_version_spans cover {spanned} tokens of {len(self.generation_token_ids)} "
+                                 "generation_token_ids")
         return self
 
 
@@ -199,6 +216,10 @@ class Sequence(BaseModel):
     completion_logprobs: list[float]
     # One entry per model call merged into this sequence, when the model server reports versions.
     model_versions: list[str | None] | None = None
+    # When a call's generation went on across weight updates (its item has `model_version_spans`): the
+    # version of every completion token as spans in order, adding up to len(completion_ids); environment
+    # tokens are spans with model_version None.
+    completion_version_spans: list[VersionSpan] | None = None
     # 1 where a grammar forced the token (not sampled: out of the policy loss), when the server reports it.
     completion_forced: list[int] | None = None
     # 1 where a grammar restricted the choice (`generation_constrained`), when the server reports it.
@@ -263,5 +284,6 @@ __all__ = [
     "Sequence",
     "TokenFields",
     "VerifyRequest",
+    "VersionSpan",
     "VerifyResponse",
 ]

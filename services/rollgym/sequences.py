@@ -29,6 +29,14 @@ class TokenRecord:
     model_version: str | None = None
     forced: list[int] | None = None  # 1 where a grammar admitted no other token (`generation_forced`)
     constrained: list[int] | None = None  # 1 where a grammar restricted the choice (`generation_constrained`)
+    # (version, tokens) in order when the generation went on across weight updates (`model_version_spans`)
+    version_spans: list[tuple[str | None, int]] | None = None
+
+    def spans(self) -> list[tuple[str | None, int]]:
+        """Which version sampled how many of the generated tokens: the recorded spans, else one span."""
+        if self.version_spans is not None:
+            return self.version_spans
+        return [(self.model_version, len(self.generation))] if self.generation else []
 
 
 def _int_list(value: Any) -> list[int] | None:
@@ -57,7 +65,23 @@ def token_record(item: Any) -> TokenRecord | None:
     constrained = _int_list(item.get("generation_constrained"))
     return TokenRecord(list(prompt), list(generation), values, str(version) if version is not None else None,
                        forced if forced is not None and len(forced) == len(generation) else None,
-                       constrained if constrained is not None and len(constrained) == len(generation) else None)
+                       constrained if constrained is not None and len(constrained) == len(generation) else None,
+                       version_spans(item.get("model_version_spans"), len(generation)))
+
+
+def version_spans(value: Any, tokens: int) -> list[tuple[str | None, int]] | None:
+    """An item's `model_version_spans` as (version, tokens) pairs; None when absent or not covering exactly
+    `tokens` generated tokens."""
+    if not isinstance(value, list):
+        return None
+    spans = []
+    for span in value:
+        count = span.get("tokens") if isinstance(span, dict) else None
+        if type(count) is not int or count < 1:
+            return None
+        version = span.get("model_version")
+        spans.append((str(version) if version is not None else None, count))
+    return spans if sum(count for _, count in spans) == tokens else None
 
 
 def previous_turn(payload: dict[str, Any], system_role: str = "system") -> tuple[TokenRecord, list[dict[str, Any]]] | None:
@@ -95,7 +119,9 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
     model call merged into that sequence, in order, None where a call reported none); when any
     reported which tokens a grammar forced, also `completion_forced` (1 = forced, not sampled; 0 for
     environment tokens and calls that reported nothing), and likewise `completion_constrained` (1 where a
-    grammar restricted the choice, `generation_constrained`). prefix_ok is
+    grammar restricted the choice, `generation_constrained`); when any call's generation went on across weight
+    updates (`model_version_spans`), also `completion_version_spans`: the version of every completion token as
+    `{model_version, tokens}` spans in order (None for the environment's tokens). prefix_ok is
     None when no item carried tokens, False when any turn failed to extend the tokens before it.
     Malformed token records are skipped; this never raises on odd input.
     """
@@ -105,6 +131,7 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
     with_versions = any(r.model_version is not None for r in records)
     with_forced = any(r.forced is not None for r in records)
     with_constrained = any(r.constrained is not None for r in records)
+    with_spans = any(r.version_spans is not None for r in records)
     sequences: list[dict[str, list]] = []
     prefix_ok = True
     current: dict[str, list] | None = None
@@ -126,6 +153,8 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
                 if with_constrained:
                     current["completion_constrained"].extend(
                         [0] * len(added) + (record.constrained or [0] * len(record.generation)))
+                if with_spans:
+                    current["completion_version_spans"] += _span_dicts([(None, len(added))] + record.spans())
                 continue
             prefix_ok = False
         current = {
@@ -140,8 +169,14 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
             current["completion_forced"] = list(record.forced or [0] * len(record.generation))
         if with_constrained:
             current["completion_constrained"] = list(record.constrained or [0] * len(record.generation))
+        if with_spans:
+            current["completion_version_spans"] = _span_dicts(record.spans())
         sequences.append(current)
     return sequences, prefix_ok
+
+
+def _span_dicts(spans: list[tuple[str | None, int]]) -> list[dict[str, Any]]:
+    return [{"model_version": version, "tokens": count} for version, count in spans if count]
 
 
 def first_divergence(expected: list[int], actual: list[int]) -> int | None:

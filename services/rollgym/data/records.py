@@ -24,15 +24,23 @@ def output_items(rollout: Mapping[str, Any]) -> list[Any]:
 
 
 def model_versions(rollout: Mapping[str, Any], *, served_model: bool = True) -> set[str]:
-    """The model versions that generated a rollout: the `model_version` of every generated item and of the
-    response. With `served_model`, a rollout whose server reports none is known by the response's `model`
-    (the model it asked for, the served one); without it, such a rollout has no known version (the
-    orchestrator then counts it as sampled by the version current when it was dispatched)."""
+    """The model versions that generated a rollout: the `model_version` of every generated item (and of each of
+    its `model_version_spans`, when its generation went on across weight updates) and of the response. With
+    `served_model`, a rollout whose server reports none is known by the response's `model` (the model it asked
+    for, the served one); without it, such a rollout has no known version (the orchestrator then counts it as
+    sampled by the version current when it was dispatched)."""
     response = rollout.get("response")
     if not isinstance(response, Mapping):
         return set()
-    versions = {str(item["model_version"]) for item in output_items(rollout)
-                if isinstance(item, Mapping) and item.get("model_version")}
+    versions: set[str] = set()
+    for item in output_items(rollout):
+        if not isinstance(item, Mapping):
+            continue
+        named = [item.get("model_version")]
+        spans = item.get("model_version_spans")
+        if isinstance(spans, list):
+            named += [span.get("model_version") for span in spans if isinstance(span, Mapping)]
+        versions.update(str(version) for version in named if version)
     if response.get("model_version"):
         versions.add(str(response["model_version"]))
     if served_model and not versions and response.get("model"):

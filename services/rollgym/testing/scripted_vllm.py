@@ -97,6 +97,14 @@ Logprobs are deterministic negative floats computed from (seed, position, token 
 ``--max-model-len N``: a prompt whose tokens plus ``max_tokens`` exceed N gets HTTP 400 with the
 backend's context-length message.
 
+In-flight weight updates, as vLLM's dev mode serves them (vLLM shape): ``POST /pause?mode=abort|wait|keep``,
+``POST /resume``, ``GET /is_paused`` (``{"is_paused": bool}``) and ``POST /update_weight_version``
+``{new_version}``. While paused, a ``/v1/completions`` request waits for ``/resume``; ``mode=abort`` ends every
+completion still in its latency at once with ``finish_reason: "abort"`` and the share of its tokens that the
+elapsed share of the latency covers (0 included; ``&scripted_keep=N``: N of them), as vLLM answers it. A request whose prompt is an aborted
+one's prompt + those tokens gets the rest of that generation (token-exact), and after ``/update_weight_version``
+the logprobs are drawn as from other weights. ``GET /scripted/running`` says how many generations are under way.
+
 Failure injection uses ``random.Random(seed)``: with probability ``--fail-rate`` a generation
 request (chat or completions) gets 500, 503 or 429 with a JSON error body; with probability
 ``--hang-rate`` it sleeps 3600 s (the caller's timeout must fire).
@@ -148,6 +156,9 @@ _CONFIG = web.AppKey("scripted_config", dict)
 _RNG = web.AppKey("scripted_rng", random.Random)
 _LOG = web.AppKey("scripted_log", collections.deque)
 _ADAPTERS = web.AppKey("scripted_adapters", dict)
+# vLLM's dev-mode pause: "resumed" (an asyncio.Event, set while generating), "running" (an abort event per
+# generation under way), "aborted" (prompt + partial ids -> the rest of an aborted generation), "version".
+_PAUSE = web.AppKey("scripted_pause", dict)
 
 
 def _json_response(payload: Any, status: int = 200) -> web.Response:
@@ -560,16 +571,22 @@ def build_completion(
 
 
 def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: int, shape: str,
-                          adapter: str | None = None) -> dict[str, Any]:
-    """A /v1/completions request whose prompt is ``prompt_ids`` -> vLLM's CompletionResponse dict."""
-    messages, tools = parse_prompt(decode(prompt_ids))
-    max_tokens = req.get("max_tokens", 16)  # vLLM's default for completions
-    content, tool_calls, finish = script_reply({"messages": messages, "tools": tools, "max_tokens": max_tokens})
-    content, seed = with_adapter(content, seed, adapter)
-    if finish == "tool_calls":
-        finish = "stop"  # a completions endpoint parses nothing
-    text = _assistant_body(content, tool_calls, script_thought(messages))
-    gen_ids = tokenize(text)
+                          adapter: str | None = None, rest: tuple[list[int], int, str] | None = None) -> dict[str, Any]:
+    """A /v1/completions request whose prompt is ``prompt_ids`` -> vLLM's CompletionResponse dict. ``rest``
+    (ids, position, finish_reason): the prompt continues an aborted generation, which goes on with these ids
+    from this position."""
+    if rest is None:
+        messages, tools = parse_prompt(decode(prompt_ids))
+        max_tokens = req.get("max_tokens", 16)  # vLLM's default for completions
+        content, tool_calls, finish = script_reply({"messages": messages, "tools": tools, "max_tokens": max_tokens})
+        content, seed = with_adapter(content, seed, adapter)
+        if finish == "tool_calls":
+            finish = "stop"  # a completions endpoint parses nothing
+        text = _assistant_body(content, tool_calls, script_thought(messages))
+        gen_ids, start = tokenize(text), 0
+    else:
+        gen_ids, start, finish = rest
+        text = decode(gen_ids)
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     if shape != "sglang":
         choice.update(stop_reason=None, prompt_logprobs=None, token_ids=None, prompt_token_ids=None)
@@ -578,7 +595,7 @@ def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: i
         as_ids = bool(req.get("return_tokens_as_token_ids")) and shape != "sglang"
         tokens, lps, offsets, tops = [], [], [], []
         offset = 0
-        for pos, tid in enumerate(gen_ids):
+        for pos, tid in enumerate(gen_ids, start):
             piece = token_bytes(tid).decode("utf-8", errors="replace")
             name = f"token_id:{tid}" if as_ids else piece
             lp = _logprob(seed, pos, tid)
@@ -698,11 +715,11 @@ async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
     return req, None
 
 
-async def _inject(app: web.Application) -> web.Response | None:
-    """Latency, then the scripted failures: an error response, a hang, or None to go on."""
+async def _inject(app: web.Application, latency: bool = True) -> web.Response | None:
+    """Latency (unless waited already), then the scripted failures: an error response, a hang, or None to go on."""
     cfg = app[_CONFIG]
     rng = app[_RNG]
-    if cfg["latency_s"] > 0:
+    if latency and cfg["latency_s"] > 0:
         await asyncio.sleep(cfg["latency_s"])
     # Draw both numbers every time so the failure pattern depends only on seed and request order.
     fail_draw, hang_draw = rng.random(), rng.random()
@@ -766,14 +783,100 @@ async def _completions(request: web.Request) -> web.Response:
         prompt_ids = _token_list(prompt)
         if not prompt_ids:
             return _error(400, "Either prompt or prompt_embeds must be provided and non-empty.", "BadRequestError")
-    failure = await _inject(request.app)
+    pause = request.app[_PAUSE]
+    aborted_at = await _generating(request.app)
+    failure = await _inject(request.app, latency=False)
     if failure is not None:
         return failure
     too_long = _context_error(cfg, len(prompt_ids), req.get("max_tokens", 16))
     if too_long is not None:
         return too_long
-    return _json_response(build_text_completion(req, prompt_ids, seed=cfg["seed"], shape=cfg["shape"],
-                                                adapter=_adapter_of(request.app, req.get("model"))))
+    seed = cfg["seed"] + (zlib.crc32(pause["version"].encode()) % 1000 if pause["version"] else 0)
+    rest = pause["aborted"].pop(tuple(prompt_ids), None)
+    completion = build_text_completion(req, prompt_ids, seed=seed, shape=cfg["shape"],
+                                       adapter=_adapter_of(request.app, req.get("model")), rest=rest)
+    if aborted_at is not None:
+        _cut(completion, aborted_at, prompt_ids, rest[1] if rest else 0, pause["aborted"], pause["keep"])
+    return _json_response(completion)
+
+
+async def _generating(app: web.Application) -> float | None:
+    """A generation's latency, as vLLM runs it: not before the engine is resumed, and cut short by
+    /pause?mode=abort. None when it ran to its end, else the share of the latency that had passed."""
+    cfg, pause = app[_CONFIG], app[_PAUSE]
+    await pause["resumed"].wait()  # vLLM holds new requests while it is paused
+    abort = asyncio.Event()
+    pause["running"].add(abort)
+    started = time.monotonic()
+    try:
+        if cfg["latency_s"] > 0:
+            await asyncio.wait_for(abort.wait(), cfg["latency_s"])
+    except TimeoutError:
+        return None
+    finally:
+        pause["running"].discard(abort)
+    return (time.monotonic() - started) / cfg["latency_s"] if abort.is_set() else None
+
+
+def _cut(completion: dict[str, Any], share: float, prompt_ids: list[int], start: int,
+         aborted: dict[tuple[int, ...], tuple[list[int], int, str]], keep: int | None) -> None:
+    """Cut a completion as vLLM's abort leaves it (the tokens generated in `share` of its time, or `keep` of
+    them, finish_reason "abort"), and keep the rest for the request that continues it from prompt + those."""
+    choice = completion["choices"][0]
+    gen_ids = tokenize(choice["text"])
+    kept = min(len(gen_ids) - 1, int(len(gen_ids) * share) if keep is None else keep) if gen_ids else 0
+    aborted[tuple(prompt_ids + gen_ids[:kept])] = (gen_ids[kept:], start + kept, choice["finish_reason"])
+    choice.update(text=decode(gen_ids[:kept]), finish_reason="abort")
+    if choice.get("token_ids") is not None:
+        choice["token_ids"] = choice["token_ids"][:kept]
+    if choice.get("logprobs"):
+        choice["logprobs"] = {key: values[:kept] for key, values in choice["logprobs"].items()}
+    usage = completion["usage"]
+    usage.update(completion_tokens=kept, total_tokens=usage["prompt_tokens"] + kept)
+
+
+async def _pause(request: web.Request) -> web.Response:
+    """POST /pause?mode=abort|wait|keep (vLLM dev mode): abort ends every running generation at once."""
+    pause = request.app[_PAUSE]
+    mode = request.query.get("mode", "abort")
+    if mode not in ("abort", "wait", "keep"):
+        return _error(422, f"mode must be abort, wait or keep, not {mode!r}", "BadRequestError")
+    # The scripted backend's own knob, for tests: the tokens every aborted generation keeps (else its share).
+    keep = request.query.get("scripted_keep")
+    pause["keep"] = int(keep) if keep is not None and keep.isdigit() else None
+    pause["resumed"].clear()
+    if mode == "abort":
+        for abort in list(pause["running"]):
+            abort.set()
+    while mode == "wait" and pause["running"]:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.02)  # as vLLM: the aborted answers go out before the pause returns
+    return _json_response({"status": "paused"})
+
+
+async def _resume(request: web.Request) -> web.Response:
+    request.app[_PAUSE]["resumed"].set()
+    return _json_response({"status": "resumed"})
+
+
+async def _is_paused(request: web.Request) -> web.Response:
+    return _json_response({"is_paused": not request.app[_PAUSE]["resumed"].is_set()})
+
+
+async def _running(request: web.Request) -> web.Response:
+    """GET /scripted/running: how many generations are under way (what a test waits for before pausing)."""
+    return _json_response({"running": len(request.app[_PAUSE]["running"])})
+
+
+async def _update_weight_version(request: web.Request) -> web.Response:
+    """POST /update_weight_version {new_version}: later logprobs are drawn as from other weights."""
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    if not isinstance(req, dict) or not isinstance(req.get("new_version"), str):
+        return _error(422, "new_version: a string is required", "BadRequestError")
+    request.app[_PAUSE]["version"] = req["new_version"]
+    return _json_response({"success": True, "new_version": req["new_version"]})
 
 
 async def _generate(request: web.Request) -> web.Response:
@@ -895,6 +998,9 @@ def build_app(
     app[_RNG] = random.Random(seed)
     app[_LOG] = collections.deque(maxlen=500)
     app[_ADAPTERS] = {}
+    resumed = asyncio.Event()
+    resumed.set()
+    app[_PAUSE] = {"resumed": resumed, "running": set(), "aborted": {}, "version": "", "keep": None}
     if shape == "sglang":
         app.router.add_post("/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/unload_lora_adapter", _unload_lora_adapter)
@@ -910,6 +1016,12 @@ def build_app(
         app.router.add_post("/scripted/clear", _clear_log)
         return app
     app.router.add_post("/v1/completions", _completions)
+    if shape == "vllm":
+        app.router.add_post("/pause", _pause)
+        app.router.add_post("/resume", _resume)
+        app.router.add_get("/is_paused", _is_paused)
+        app.router.add_post("/update_weight_version", _update_weight_version)
+        app.router.add_get("/scripted/running", _running)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
     if shape == "sglang":

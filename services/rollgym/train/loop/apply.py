@@ -70,6 +70,9 @@ class Serving:
             except FileNotFoundError as exc:
                 raise ApplyError(str(exc)) from None
             overrides = colocate_overrides(self.plan) + overrides
+        if self.plan.orchestrator is not None and self.plan.orchestrator.inflight_updates:
+            # The policy server continues the generations each update aborts (models/chat_completions).
+            overrides = [f"{POLICY}.continue_aborted=true"] + overrides
         if model_path is not None:
             overrides.append(f"{POLICY}.model_path={model_path}")
         self.stack = Stack(load_stack(configs, overrides))

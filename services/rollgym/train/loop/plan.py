@@ -289,6 +289,10 @@ class Plan(StrictModel):
             problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
         problems += colocate_problems(self)
+        if self.colocate and self.orchestrator is not None and self.orchestrator.inflight_updates:
+            problems.append("orchestrator.inflight_updates: the co-located server publishes each step between "
+                            "batches and stamps every answer with its weights; in-flight updates are for a "
+                            "chat_completions stack in front of vLLM")
         problems += self._sampling_problems() + self._full_weight_problems() + teacher_plan_problems(self._teachers())
         if problems:  # every one, one per line (load_plan gives each line the file and key)
             raise ValueError("\n".join(problems))

@@ -63,6 +63,11 @@ class OrchestratorConfig(StrictModel):
     model_servers: list[str] | None = Field(default=None, description="servers to hot-load (default: the model "
                                                                       "servers the agents sample from, as their "
                                                                       "/health says; else every one)")
+    inflight_updates: bool = Field(
+        default=False, description="a new version does not wait for running generations: each replica is paused "
+        "with its requests aborted, and the policy model server continues every aborted generation on the new "
+        "weights (models/chat_completions continue_aborted); items record which version sampled which tokens "
+        "(model_version_spans), and staleness counts a rollout's oldest token (docs/train-async.md)")
     seed: int = 42
     skip_verification: bool = Field(default=False, description="Surogate's buffer.skip_verification; refused: "
                                     "a batch is GRPO groups weighed by their rewards")

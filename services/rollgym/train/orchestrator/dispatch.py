@@ -6,8 +6,9 @@ inference is never more than `max_async_level` steps ahead of the trainer (0: fu
 `oversampling_factor` keeps that many times the missing groups in flight, so a batch fills without
 waiting for refills. Each rollout runs under the collector's retry policy (`rollouts.attempts`), holding
 a slot only while an attempt runs; a failure goes to `failures.jsonl`, never into a reward. A rollout's
-sampling version is the oldest step among the model_versions of its generated items
-(`policy_versions.sampled_step`), the dispatch-time version when the servers report none.
+sampling version is the oldest step among the model_versions of its generated items, spans of a generation
+continued across weight updates included (`policy_versions.sampled_step`: its oldest token), the
+dispatch-time version when the servers report none; how many tokens each step sampled is kept beside it.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class Dispatching:
             if rollout is not None:
                 group.rollouts.append(rollout)
                 group.sampled.append(self.versions.sampled_step(rollout, group.dispatch_version))
+                group.token_steps.append(self.versions.sampled_tokens(rollout, group.dispatch_version))
             elif failure is not None:
                 group.failures.append(failure.to_json())
         group.verdict = group_verdict(group, self.config.difficulty)

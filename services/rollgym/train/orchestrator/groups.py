@@ -1,7 +1,8 @@
 """A group (one task's `rollouts_per_example` rollouts) and what is decided about it once it is back.
 
-A group that failed (a rollout still failing after its retries) or is stale (its oldest sampling version
-lags the batch by more than `max_off_policy_steps`) is dropped; the difficulty filter (rollgym.data.
+A group that failed (a rollout still failing after its retries) or is stale (its oldest sampling version,
+that of its oldest token when a generation went on across weight updates, lags the batch by more than
+`max_off_policy_steps`) is dropped; the difficulty filter (rollgym.data.
 rollout_filters, the one home of filters) drops a group whose rewards are all at `reward_max` (or whose mean
 reaches `easy_threshold`) as easy, and all at `reward_min` (or whose mean falls to `hard_threshold`) as hard,
 and the degenerate-generation filters flag rollouts. A kept group's rollouts get their advantages (the
@@ -33,7 +34,8 @@ class Group:
     dispatch_version: int
     rollouts: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
-    sampled: list[int] = field(default_factory=list)  # per rollout: the policy version that sampled it
+    sampled: list[int] = field(default_factory=list)  # per rollout: the oldest policy version among its tokens
+    token_steps: list[dict[int, int]] = field(default_factory=list)  # per rollout: tokens sampled by each version
     verdict: DropReason | None = None  # the difficulty filter's
 
     def rewards(self) -> list[float]:
@@ -69,9 +71,11 @@ def annotate(step: int, groups: list[Group], config: OrchestratorConfig) -> list
     for group in groups:
         lengths = [completion_length(r) for r in group.rollouts]
         advantages = group_advantages(group.rewards(), lengths, config.advantage)
-        for rollout, advantage, sampled in zip(group.rollouts, advantages, group.sampled):
+        token_steps = group.token_steps or [{} for _ in group.rollouts]
+        for rollout, advantage, sampled, tokens in zip(group.rollouts, advantages, group.sampled, token_steps):
             rollout.update(advantage=advantage, step=step, env=group.env, generated_for_step=group.tag,
-                           sampled_step=sampled, policy_lag=step - 1 - sampled)
+                           sampled_step=sampled, policy_lag=step - 1 - sampled,
+                           token_lags={str(step - 1 - version): count for version, count in sorted(tokens.items())})
             if config.filters:
                 flagged, enforced = judge(config.filters, token_sequences(rollout))
                 if flagged:

@@ -80,11 +80,30 @@ def step_metrics(step: int, rollouts: list[dict[str, Any]], envs: list[str], *, 
         "dropped": {reason: dropped.get(reason, 0) for reason in DROP_REASONS},
         "failures": dict(sorted(failure_statuses.items())),
         "staleness": {str(lag): count for lag, count in sorted(Counter(r["policy_lag"] for r in rollouts).items())},
+        **token_staleness(rollouts),
         "envs": dict(Counter(envs)),
         "trainer_wait_s": round(max(0.0, ready - trainer_done), 4) if trainer_done is not None else 0.0,
         "inference_wait_s": round(inference_wait, 4),
         "slots_busy": round(slots_busy, 4),
     }
+
+
+def token_staleness(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Policy lag counted by rollout (that of its oldest token) and by token: `policy_lag_mean` and
+    `policy_lag_max` over the rollouts, `token_staleness` (generated tokens per lag), `off_policy_token_share`
+    (the share of them sampled by a version older than the step's policy) and `mixed_version_rollouts` (those
+    whose tokens more than one version sampled: a generation continued across a weight update)."""
+    lags = [int(r["policy_lag"]) for r in rollouts]
+    tokens: Counter[int] = Counter()
+    for rollout in rollouts:
+        for lag, count in (rollout.get("token_lags") or {}).items():
+            tokens[int(lag)] += int(count)
+    total = sum(tokens.values())
+    return {"policy_lag_mean": round(statistics.fmean(lags), 4) if lags else 0.0,
+            "policy_lag_max": max(lags, default=0),
+            "token_staleness": {str(lag): count for lag, count in sorted(tokens.items())},
+            "off_policy_token_share": round(sum(c for lag, c in tokens.items() if lag > 0) / total, 4) if total else 0.0,
+            "mixed_version_rollouts": sum(1 for r in rollouts if len(r.get("token_lags") or {}) > 1)}
 
 
 def filter_metrics(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,4 +114,4 @@ def filter_metrics(rollouts: list[dict[str, Any]]) -> dict[str, Any]:
             "filtered_rollouts": sum(1 for rollout in rollouts if rollout.get("filtered"))}
 
 
-__all__ = ["DROP_REASONS", "Occupancy", "SlotClient", "filter_metrics", "step_metrics"]
+__all__ = ["DROP_REASONS", "Occupancy", "SlotClient", "filter_metrics", "step_metrics", "token_staleness"]

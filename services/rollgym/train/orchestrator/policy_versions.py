@@ -13,7 +13,8 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from ...adapters import AdapterRefused, base_card, load_everywhere
 from ...client import ServerAddress, ServerClient
-from ...data.records import model_versions
+from ...data.records import model_versions, output_items
+from ...sequences import token_record
 
 
 class AdapterLoadError(RuntimeError):
@@ -107,6 +108,18 @@ class PolicyVersions:
         """The oldest step among the model_versions of a rollout's generated items (`fallback` if none is known)."""
         steps = [self.steps[v] for v in model_versions(rollout, served_model=False) if v in self.steps]
         return min(steps) if steps else fallback
+
+    def sampled_tokens(self, rollout: Mapping[str, Any], fallback: int) -> dict[int, int]:
+        """How many of a rollout's generated tokens each step sampled: per model call its `model_version_spans`
+        (a generation continued across weight updates), else its `model_version`; `fallback` for a version
+        not known."""
+        counts: dict[int, int] = {}
+        for item in output_items(rollout):
+            record = token_record(item)
+            for version, tokens in record.spans() if record is not None else []:
+                step = self.steps.get(version, fallback) if version is not None else fallback
+                counts[step] = counts.get(step, 0) + tokens
+        return counts
 
     def carry(self, step: int) -> None:
         """Step `step` made no new weights: the ones served are its policy too. Their model_versions map to it,

