@@ -25,7 +25,7 @@ from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsMo
 from rollgym.schema import ModelResponse
 from rollgym.testing import serve_in_thread
 
-MAX_TOKENS = 40
+MAX_TOKENS = 24
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
 
 
@@ -39,8 +39,11 @@ def model_on(server: Any, **config: Any) -> Iterator[tuple[httpx.Client, ChatCom
         yield client, model
 
 
-def request(**extra: Any) -> dict[str, Any]:
-    return {"input": PROMPT, "temperature": 0.0, "max_output_tokens": MAX_TOKENS, **extra}
+def request(history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The story prompt (a first turn: vLLM's chat route), or after `history` (the previous turn's items with
+    their tokens) and another user message (a later turn: a token-id prompt on /v1/completions)."""
+    more = [*history, {"role": "user", "content": "Go on with the story."}] if history else []
+    return {"input": PROMPT + more, "temperature": 0.0, "max_output_tokens": MAX_TOKENS}
 
 
 def timed(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -49,6 +52,22 @@ def timed(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], f
     assert reply.status_code == 200, reply.text
     ModelResponse.model_validate(reply.json())
     return reply.json()["output"][-1], time.monotonic() - started
+
+
+def generated_so_far(root: str) -> float:
+    """vLLM's count of tokens generated since it started (`/metrics`, updated every engine step)."""
+    text = httpx.get(f"{root}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:generation_tokens_total"))
+
+
+def pause_after(root: str, tokens: int) -> None:
+    """Pause with abort once the running generation has produced `tokens` more tokens (not before, not after:
+    a fixed sleep lands anywhere on a machine whose load comes and goes)."""
+    start, deadline = generated_so_far(root), time.monotonic() + 120
+    while generated_so_far(root) < start + tokens and time.monotonic() < deadline:
+        time.sleep(0.02)
+    httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
 
 
 def answer_while(client: httpx.Client, body: dict[str, Any], during: Any) -> httpx.Response:
@@ -73,9 +92,8 @@ def test_vllm_answers_an_aborted_completion_with_its_tokens(vllm_server):
     worker = threading.Thread(target=lambda: result.setdefault(
         "reply", httpx.post(f"{root}/v1/completions", json=body, timeout=300)))
     worker.start()
-    time.sleep(1.5)
     try:
-        assert httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).json() == {"status": "paused"}
+        pause_after(root, 4)
         assert httpx.get(f"{root}/is_paused").json() == {"is_paused": True}
         worker.join(timeout=60)
     finally:
@@ -89,15 +107,17 @@ def test_vllm_answers_an_aborted_completion_with_its_tokens(vllm_server):
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
 
 
-def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_server, vllm_model_dir):
+@pytest.mark.parametrize("turn", ["first turn (chat)", "later turn (token ids)"])
+def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_server, vllm_model_dir, turn):
     root = vllm_server.root
     with model_on(vllm_server, continue_aborted=True) as (client, model):
-        plain, seconds = timed(client, request())
-        plain, seconds = timed(client, request())  # the second one runs warm: its time says when halfway is
+        first = client.post("/v1/responses", json=request())
+        assert first.status_code == 200, first.text
+        history = first.json()["output"] if turn.startswith("later") else None
+        plain, _ = timed(client, request(history))
 
         def reload() -> None:
-            time.sleep(seconds / 2)
-            httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
+            pause_after(root, MAX_TOKENS // 2)
             httpx.post(f"{root}/collective_rpc", timeout=120, json={
                 "method": "reload_weights",
                 "kwargs": {"weights_path": str(vllm_model_dir), "is_checkpoint_format": True}}).raise_for_status()
@@ -106,7 +126,7 @@ def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_
             httpx.post(f"{root}/resume", timeout=60).raise_for_status()
 
         try:
-            reply = answer_while(client, request(), reload)
+            reply = answer_while(client, request(history), reload)
         finally:
             httpx.post(f"{root}/resume", timeout=60)
     assert reply.status_code == 200, reply.text
@@ -114,6 +134,9 @@ def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_
     ids = continued["generation_token_ids"]
     assert len(ids) == MAX_TOKENS and ids == plain["generation_token_ids"]
     assert continued["prompt_token_ids"] == plain["prompt_token_ids"]
+    if history is not None:  # the later turn's prompt extends the first turn's tokens: /v1/completions
+        before = history[-1]["prompt_token_ids"] + history[-1]["generation_token_ids"]
+        assert continued["prompt_token_ids"][: len(before)] == before
     spans = continued["model_version_spans"]
     assert [span["model_version"] for span in spans] == ["v1", "v2"], spans
     assert sum(span["tokens"] for span in spans) == MAX_TOKENS and spans[0]["tokens"] > 0
@@ -125,14 +148,8 @@ def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_
 def test_an_engine_left_paused_fails_the_call_with_its_cause(vllm_server):
     root = vllm_server.root
     with model_on(vllm_server, continue_aborted=True, resume_wait_s=1.0) as (client, _):
-        _, seconds = timed(client, request())
-
-        def pause() -> None:
-            time.sleep(seconds / 2)
-            httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
-
         try:
-            reply = answer_while(client, request(), pause)
+            reply = answer_while(client, request(), lambda: pause_after(root, 4))
         finally:
             httpx.post(f"{root}/resume", timeout=60).raise_for_status()
     assert reply.status_code == 503 and "still paused" in reply.text
