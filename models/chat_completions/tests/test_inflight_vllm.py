@@ -81,19 +81,17 @@ def answer_while(client: httpx.Client, body: dict[str, Any], during: Any) -> htt
     return result["reply"]
 
 
-def test_vllm_answers_an_aborted_completion_with_its_tokens(vllm_server):
-    """The shape the continuation is built on, straight from vLLM."""
-    root = vllm_server.root
-    body = {"model": vllm_server.model, "prompt": "Once upon a time, a dragon", "max_tokens": 400,
-            "ignore_eos": True, "temperature": 0.0, "logprobs": 0, "return_token_ids": True,
-            "return_tokens_as_token_ids": True}
+def aborted_completion(root: str, model: str, pause: Any) -> dict[str, Any]:
+    """A long completion on a vLLM-shaped server, paused with abort by `pause()` once under way; its answer."""
+    body = {"model": model, "prompt": "Once upon a time, a dragon", "max_tokens": 400, "ignore_eos": True,
+            "temperature": 0.0, "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True}
     httpx.post(f"{root}/v1/completions", json={**body, "max_tokens": 4}, timeout=300).raise_for_status()
     result: dict[str, httpx.Response] = {}
     worker = threading.Thread(target=lambda: result.setdefault(
         "reply", httpx.post(f"{root}/v1/completions", json=body, timeout=300)))
     worker.start()
     try:
-        pause_after(root, 4)
+        pause()
         assert httpx.get(f"{root}/is_paused").json() == {"is_paused": True}
         worker.join(timeout=60)
     finally:
@@ -101,10 +99,36 @@ def test_vllm_answers_an_aborted_completion_with_its_tokens(vllm_server):
     assert httpx.get(f"{root}/is_paused").json() == {"is_paused": False}
     reply = result["reply"]
     assert reply.status_code == 200, reply.text
-    choice = reply.json()["choices"][0]
+    return reply.json()
+
+
+def test_vllm_answers_an_aborted_completion_with_its_tokens(vllm_server):
+    """The shape the continuation is built on, straight from vLLM, and the scripted backend's the same."""
+    from rollgym.testing import scripted_backend
+    from tests.e2e.test_real_vllm import differences, shape
+
+    real = aborted_completion(vllm_server.root, vllm_server.model, lambda: pause_after(vllm_server.root, 4))
+    choice = real["choices"][0]
     assert choice["finish_reason"] == "abort"
     assert 0 < len(choice["token_ids"]) < 400
     assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
+    assert real["usage"]["completion_tokens"] == len(choice["token_ids"])
+    def pause_fake() -> None:  # once the scripted backend says a generation is under way
+        while not httpx.get(f"{fake_root}/scripted/running").json()["running"]:
+            time.sleep(0.005)
+        httpx.post(f"{fake_root}/pause", params={"mode": "abort", "scripted_keep": 4}).raise_for_status()
+
+    with scripted_backend("--latency-ms", "2000") as fake_url:
+        fake_root = fake_url.removesuffix("/v1")
+        fake = aborted_completion(fake_root, "scripted", pause_fake)
+    assert fake["choices"][0]["finish_reason"] == "abort"
+    # What an abort changes is in the choice: the same fields, of the same types, in both (top_logprobs are
+    # keyed by token, so compared by their sizes).
+    for answer in (real, fake):
+        logprobs = answer["choices"][0]["logprobs"]
+        logprobs["top_logprobs"] = [len(entry) for entry in logprobs["top_logprobs"]]
+    found = differences(shape(real["choices"][0]), shape(fake["choices"][0]))
+    assert not found, found
 
 
 @pytest.mark.parametrize("turn", ["first turn (chat)", "later turn (token ids)"])

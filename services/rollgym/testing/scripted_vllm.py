@@ -589,7 +589,7 @@ def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: i
         text = decode(gen_ids)
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
     if shape != "sglang":
-        choice.update(stop_reason=None, prompt_logprobs=None, token_ids=None, prompt_token_ids=None)
+        choice.update(stop_reason=None, prompt_logprobs=None, token_ids=None, prompt_token_ids=None, routed_experts=None)
     n_logprobs = req.get("logprobs")
     if isinstance(n_logprobs, int) and not isinstance(n_logprobs, bool):
         as_ids = bool(req.get("return_tokens_as_token_ids")) and shape != "sglang"
