@@ -36,9 +36,10 @@ from rollgym.scoring import ScoreRequest, score_answer
 from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
-from .adapters import backend_model, load_everywhere, unload_everywhere, update_weights_everywhere
+from .adapters import backend_model, load_everywhere, unload_everywhere
 from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
 from .routing import Backend, BackendPool, BackendUnavailable
+from .weights import WeightsGate, pool_version, update_weights_everywhere
 
 CONTEXT_ERROR_MARKERS = (
     "maximum context length", "context length", "context_length_exceeded", "too many tokens",
@@ -73,6 +74,8 @@ class ChatCompletionsConfig(ServerConfig):
         default="raw", description="which logprobs the backend returns, recorded on every item: vLLM's --logprobs-mode "
                                    "raw_logprobs (its default: before temperature and top-p) or processed_logprobs")
     backend_cooldown_s: float = Field(default=10.0, gt=0, description="how long a failed backend gets no traffic")
+    weights_check_s: float = Field(default=10.0, ge=0, description="once full weights were reloaded (vLLM): how "
+                                   "often a backend is asked which weights it serves (a restarted one is reloaded)")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="extra keys for every backend request")
 
     @field_validator("base_url")
@@ -127,6 +130,7 @@ class ChatCompletionsModel(ModelServer):
     def __init__(self, config: ChatCompletionsConfig | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.pool = BackendPool(self.config.base_urls, cooldown_s=self.config.backend_cooldown_s)
+        self.weights = WeightsGate()  # the full weights the backends were last asked to serve (weights.py)
         self.tool_parser = load_parser(self.config.tool_parser, TOOL_PARSERS)
         self.reasoning_parser = load_parser(self.config.reasoning_parser, REASONING_PARSERS)
         # Raw completions parsed here (the token-prompt path), and the tool calls left as text (GET /backends).
@@ -134,6 +138,13 @@ class ChatCompletionsModel(ModelServer):
 
     def model_names(self) -> list[str]:
         return [self.config.model]
+
+    def version_of(self, adapter: Adapter | None) -> str:
+        """An adapter's version; for the base, the full weights every backend serves (POST
+        /update_weights_from_disk), else the configured `model_version` or the model's name."""
+        if adapter is not None:
+            return adapter.version
+        return pool_version(self) or self.config.model_version or self.config.model
 
     def served_model(self, adapter: Adapter | None) -> str:
         """The `model` the backends expect for requests served by `adapter` (None: the base)."""
@@ -207,8 +218,14 @@ class ChatCompletionsModel(ModelServer):
                 if chat_request.get(key) is None:
                     chat_request[key] = neutral
 
-        turn, backend = await self._routed(
-            lambda b: self._generate(b, payload, chat_request, previous), sticky=self.pool.sticky_backend(payload.get("input")))
+        async def generate(backend: Backend) -> Turn:
+            weights = backend.weight_version  # read at dispatch: a reload waits for this generation (weights.py)
+            turn = await self._generate(backend, payload, chat_request, previous)
+            if weights is not None:
+                turn.model_version = weights
+            return turn
+
+        turn, backend = await self._routed(generate, sticky=self.pool.sticky_backend(payload.get("input")))
         output = turn.output
         if turn.tokens is not None and not output:
             # An empty generation (e.g. only the end-of-turn token) is still a turn with tokens.
@@ -439,15 +456,19 @@ class ChatCompletionsModel(ModelServer):
 
         @app.post("/update_weights_from_disk")
         async def update_weights_from_disk(request: Request) -> JSONBytesResponse:
-            """{"model_path": a checkpoint folder every backend can read, "weight_version"?} -> each backend's result."""
+            """{"model_path": a checkpoint folder every backend can read, "weight_version"?, "pause_mode"?: wait |
+            abort | keep (vLLM)} -> each backend's result (weights.py)."""
             payload = await read_json(request)
             path = payload.get("model_path") if isinstance(payload, dict) else None
             if not isinstance(path, str) or not path:
                 raise BadRequest("required: the folder of the new weights", field="model_path")
             version = payload.get("weight_version")
-            if version is not None and not isinstance(version, str):
-                raise BadRequest("must be a string", field="weight_version")
-            results = await update_weights_everywhere(self, path, version)
+            if version is not None and (not isinstance(version, str) or not version):
+                raise BadRequest("must be a non-empty string", field="weight_version")
+            mode = payload.get("pause_mode", "wait")
+            if mode not in ("wait", "abort", "keep"):
+                raise BadRequest("must be wait, abort or keep", field="pause_mode")
+            results = await update_weights_everywhere(self, path, version, mode)
             return JSONBytesResponse({"success": True, "model_version": version or path, "backends": results})
 
     # ------------------------------------------------------------------ plumbing
@@ -478,6 +499,7 @@ class ChatCompletionsModel(ModelServer):
             backend = pool.pick(sticky, tried)
             backend.in_flight += 1
             try:
+                await self.weights.admit(self, backend)
                 result = await call(backend)
             except BackendUnavailable as exc:
                 last_error = str(exc)

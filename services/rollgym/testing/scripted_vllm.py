@@ -12,6 +12,14 @@ Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``GET /scripted/requests`` (the last 500 request bodies, with their paths) and
 ``POST /scripted/clear``.
 
+Full weights, vLLM shape (its dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=...``
+(generations wait until ``POST /resume``; ``GET /is_paused``), ``POST /collective_rpc {"method":
+"reload_weights", "kwargs": {"weights_path": DIR, "is_checkpoint_format": true}}`` (a folder without
+``*.safetensors`` is 500; ``--fail-reloads N``: the first N reloads fail with 500, a worker that died;
+``--reload-latency-ms``: how long one takes),
+``POST /update_weight_version {"new_version"}`` and ``GET /weight_info``, answered as vLLM 0.32 answers them.
+SGLang shape: ``POST /update_weights_from_disk``.
+
 LoRA adapters, as vLLM (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and SGLang load them at run time:
 vLLM shape ``POST /v1/load_lora_adapter`` ``{lora_name, lora_path, load_inplace}`` (200 with a
 sentence; 400 when the name is taken without ``load_inplace``; 404 when the path does not exist) and
@@ -148,6 +156,7 @@ _CONFIG = web.AppKey("scripted_config", dict)
 _RNG = web.AppKey("scripted_rng", random.Random)
 _LOG = web.AppKey("scripted_log", collections.deque)
 _ADAPTERS = web.AppKey("scripted_adapters", dict)
+_PAUSED = web.AppKey("scripted_not_paused", asyncio.Event)  # set while generation runs (vLLM's /pause clears it)
 
 
 def _json_response(payload: Any, status: int = 200) -> web.Response:
@@ -688,6 +697,81 @@ async def _update_weights_from_disk(request: web.Request) -> web.Response:
     return _json_response({"success": True, "message": "Succeeded to update model weights."})
 
 
+def _bad_request(param: str, kind: str, message: str, value: Any) -> web.Response:
+    """vLLM's answer to a request its route's validation refuses (400, the parameter named)."""
+    detail = {"type": kind, "loc": param, "msg": message, "input": value}
+    return _json_response({"error": {"message": f"1 validation error:\n  {detail}", "type": "Bad Request",
+                                     "param": param, "code": 400}}, status=400)
+
+
+def _worker_failed(error: str) -> web.Response:
+    """vLLM's answer when a collective_rpc failed in its worker (the server itself goes on serving)."""
+    return _json_response({"error": {"message": f"Call to collective_rpc method failed: Worker failed with error "
+                                                f"'{error}', please check the stack trace above for the root cause",
+                                     "type": "InternalServerError", "param": None, "code": 500}}, status=500)
+
+
+async def _pause(request: web.Request) -> web.Response:
+    """vLLM's `POST /pause?mode=abort|wait|keep`: new generations wait until `/resume` (none is in flight
+    here between requests, so every mode answers at once); an unknown mode is 400, as vLLM's PauseMode is."""
+    request.app[_LOG].append({"path": request.path, "body": dict(request.query)})
+    mode = request.query.get("mode", "abort")
+    if mode not in ("abort", "wait", "keep"):
+        return _bad_request("query.mode", "literal_error", "Input should be 'abort', 'wait' or 'keep'", mode)
+    request.app[_PAUSED].clear()
+    return _json_response({"status": "paused"})
+
+
+async def _resume(request: web.Request) -> web.Response:
+    request.app[_LOG].append({"path": request.path, "body": None})
+    request.app[_PAUSED].set()
+    return _json_response({"status": "resumed"})
+
+
+async def _is_paused(request: web.Request) -> web.Response:
+    return _json_response({"is_paused": not request.app[_PAUSED].is_set()})
+
+
+async def _collective_rpc(request: web.Request) -> web.Response:
+    """vLLM's dev-mode `POST /collective_rpc {method, args?, kwargs?}`; `reload_weights` with `kwargs.weights_path`
+    reloads from a folder of *.safetensors (one worker: `{"results": [null]}`). A folder without them is 500
+    with vLLM's error body; `--fail-reloads N` makes the first N reloads fail with 500 (a worker that died)."""
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    if not isinstance(req, dict) or req.get("method") is None:
+        return _json_response({"detail": "Missing 'method' in request body"}, status=400)
+    if req["method"] != "reload_weights":
+        return _json_response({"results": [None]})
+    config = request.app[_CONFIG]
+    path = str((req.get("kwargs") or {}).get("weights_path") or "")
+    if config["fail_reloads"] > 0:
+        config["fail_reloads"] -= 1
+        return _worker_failed("scripted reload failure")
+    if not os.path.isdir(path) or not any(name.endswith(".safetensors") for name in os.listdir(path)):
+        return _worker_failed("Cannot find any model weights with `<path>`")
+    await asyncio.sleep(config["reload_latency_s"])
+    config["reloaded_from"] = path
+    return _json_response({"results": [None]})
+
+
+async def _update_weight_version(request: web.Request) -> web.Response:
+    """vLLM's `POST /update_weight_version {new_version}` (embedded body) -> `{success, new_version}`."""
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    version = req.get("new_version") if isinstance(req, dict) else None
+    if not isinstance(version, str):
+        return _bad_request("body.new_version", "missing", "Field required", "None")
+    request.app[_CONFIG]["weight_version"] = version
+    return _json_response({"success": True, "new_version": version})
+
+
+async def _weight_info(request: web.Request) -> web.Response:
+    """vLLM's `GET /weight_info` -> `{weight_version}` ("default" until one is set)."""
+    return _json_response({"weight_version": request.app[_CONFIG]["weight_version"] or "default"})
+
+
 async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
     """The JSON body (logged for tests), or an error response."""
     try:
@@ -702,6 +786,7 @@ async def _inject(app: web.Application) -> web.Response | None:
     """Latency, then the scripted failures: an error response, a hang, or None to go on."""
     cfg = app[_CONFIG]
     rng = app[_RNG]
+    await app[_PAUSED].wait()  # a paused engine schedules nothing new until /resume
     if cfg["latency_s"] > 0:
         await asyncio.sleep(cfg["latency_s"])
     # Draw both numbers every time so the failure pattern depends only on seed and request order.
@@ -873,6 +958,8 @@ def build_app(
     weight_version: str | None = None,
     token_routes: bool = True,
     template: str = "chatml",
+    fail_reloads: int = 0,
+    reload_latency_ms: float = 0.0,
 ) -> web.Application:
     """Backend settings -> aiohttp Application serving the scripted routes."""
     if shape not in ("vllm", "sglang"):
@@ -891,7 +978,11 @@ def build_app(
         "template": template,
         "max_model_len": max_model_len,
         "weight_version": weight_version,
+        "fail_reloads": fail_reloads,
+        "reload_latency_s": reload_latency_ms / 1000.0,
     }
+    app[_PAUSED] = asyncio.Event()
+    app[_PAUSED].set()
     app[_RNG] = random.Random(seed)
     app[_LOG] = collections.deque(maxlen=500)
     app[_ADAPTERS] = {}
@@ -902,6 +993,13 @@ def build_app(
     else:
         app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
+        # vLLM's dev-mode routes for reinforcement learning (VLLM_SERVER_DEV_MODE=1)
+        app.router.add_post("/pause", _pause)
+        app.router.add_post("/resume", _resume)
+        app.router.add_get("/is_paused", _is_paused)
+        app.router.add_post("/collective_rpc", _collective_rpc)
+        app.router.add_post("/update_weight_version", _update_weight_version)
+        app.router.add_get("/weight_info", _weight_info)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/chat/completions", _chat_completions)
@@ -934,7 +1032,8 @@ async def _serve(args: argparse.Namespace) -> None:
     app = build_app(args.latency_ms, args.fail_rate, args.hang_rate, args.seed, args.token_info,
                     shape=args.shape, drift=args.drift, max_model_len=args.max_model_len,
                     weight_version=args.weight_version, token_routes=not args.no_token_routes,
-                    template=args.template)
+                    template=args.template, fail_reloads=args.fail_reloads,
+                    reload_latency_ms=args.reload_latency_ms)
     # access_log=None: no per-request logging on a benchmark path; handler_cancellation
     # frees hung handlers once the client gives up.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -974,6 +1073,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="qwen3: drop an assistant message's <think> once a later user message follows")
     parser.add_argument("--max-model-len", type=int, default=0, help="context length; 0 = unlimited")
     parser.add_argument("--weight-version", default=None, help="reported in SGLang-shaped meta_info")
+    parser.add_argument("--fail-reloads", type=int, default=0,
+                        help="vLLM shape: the first N /collective_rpc reload_weights calls fail with 500")
+    parser.add_argument("--reload-latency-ms", type=float, default=0.0,
+                        help="vLLM shape: how long a /collective_rpc reload_weights takes")
     parser.add_argument("--no-token-routes", action="store_true",
                         help="serve no /v1/completions, /tokenize, /detokenize (a plain chat backend)")
     args = parser.parse_args(argv)
