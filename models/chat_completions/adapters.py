@@ -12,11 +12,8 @@ The backend reads `lora_path` itself, so the path must exist on every backend's 
 filesystem or the same path on each). A load succeeds only when every backend loaded the adapter; when
 some did not, the ones that did unload it again and the answer names each backend's result.
 
-Full weights (`finetune: full`) are published with SGLang's `POST {root}/update_weights_from_disk
-{model_path, weight_version}`: every backend reloads the checkpoint folder, and its answers then carry
-`weight_version`, which this server reports as `model_version`. vLLM has no route that reloads full
-weights from a path (its weight-transfer routes stream tensors over NCCL or CUDA IPC from the trainer
-process): with vLLM, publish LoRA adapters, or restart it on the new weights.
+Full weights (`finetune: full`) are published by weights.py: vLLM reloads a checkpoint folder through its
+dev-mode routes, SGLang through `/update_weights_from_disk`.
 """
 
 from __future__ import annotations
@@ -108,21 +105,3 @@ async def unload_everywhere(server: BackendServer, lora_name: str) -> list[dict[
     body = {"lora_name": lora_name}
     return list(await asyncio.gather(*(call_backend(server, backend, "unload", body)
                                        for backend in server.pool.backends)))
-
-
-async def update_weights_everywhere(server: BackendServer, model_path: str,
-                                    weight_version: str | None) -> list[dict[str, Any]]:
-    """Reload full weights from `model_path` on every backend (SGLang); BadRequest naming each that failed."""
-    if server.config.backend != "sglang":
-        raise BadRequest(f"backend {server.config.backend!r} has no route that reloads full weights from a path "
-                         "(SGLang's /update_weights_from_disk); publish a LoRA adapter, or restart the backend on "
-                         "the new weights", status=501)
-    body = {"model_path": model_path, **({"weight_version": weight_version} if weight_version else {})}
-    results = await asyncio.gather(*(call_backend(server, backend, "update", body, route="/update_weights_from_disk")
-                                     for backend in server.pool.backends))
-    failed = [result for result in results if not result["ok"]]
-    if failed:
-        statuses = [result["status"] for result in failed if 400 <= result["status"] < 500]
-        raise BadRequest([{"field": f"backends[{result['base_url']}]", "message": result["message"]}
-                          for result in failed], status=max(statuses) if statuses else 502)
-    return list(results)

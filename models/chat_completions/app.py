@@ -36,11 +36,12 @@ from rollgym.scoring import ScoreRequest, score_answer
 from rollgym.sequences import TokenRecord, extend_tokens, previous_turn
 from rollgym.server import BadRequest, JSONBytesResponse, read_json
 
-from .adapters import backend_model, load_everywhere, unload_everywhere, update_weights_everywhere
+from .adapters import backend_model, load_everywhere, unload_everywhere
 from .continuation import (ABORTED, MAX_CONTINUATIONS, Segment, continuation_body, joined_text, wait_until_resumed,
                            was_aborted)
 from .parsers import REASONING_PARSERS, TOOL_PARSERS, load_parser, parse_generation
 from .routing import Backend, BackendPool, BackendUnavailable
+from .weights import WeightsGate, pool_version, update_weights_everywhere
 
 CONTEXT_ERROR_MARKERS = (
     "maximum context length", "context length", "context_length_exceeded", "too many tokens",
@@ -75,6 +76,8 @@ class ChatCompletionsConfig(ServerConfig):
         default="raw", description="which logprobs the backend returns, recorded on every item: vLLM's --logprobs-mode "
                                    "raw_logprobs (its default: before temperature and top-p) or processed_logprobs")
     backend_cooldown_s: float = Field(default=10.0, gt=0, description="how long a failed backend gets no traffic")
+    weights_check_s: float = Field(default=10.0, ge=0, description="once full weights were reloaded (vLLM): how "
+                                   "often a backend is asked which weights it serves (a restarted one is reloaded)")
     continue_aborted: bool = Field(
         default=False, description="in-flight weight updates: a generation the backend aborts (vLLM's /pause?mode="
         "abort) is continued from its partial tokens once the backend is resumed, on the new weights (continuation.py)")
@@ -144,6 +147,7 @@ class ChatCompletionsModel(ModelServer):
     def __init__(self, config: ChatCompletionsConfig | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.pool = BackendPool(self.config.base_urls, cooldown_s=self.config.backend_cooldown_s)
+        self.weights = WeightsGate()  # the full weights the backends were last asked to serve (weights.py)
         self.tool_parser = load_parser(self.config.tool_parser, TOOL_PARSERS)
         self.reasoning_parser = load_parser(self.config.reasoning_parser, REASONING_PARSERS)
         # Raw completions parsed here (the token-prompt path), and the tool calls left as text (GET /backends).
@@ -151,6 +155,13 @@ class ChatCompletionsModel(ModelServer):
 
     def model_names(self) -> list[str]:
         return [self.config.model]
+
+    def version_of(self, adapter: Adapter | None) -> str:
+        """An adapter's version; for the base, the full weights every backend serves (POST
+        /update_weights_from_disk), else the configured `model_version` or the model's name."""
+        if adapter is not None:
+            return adapter.version
+        return pool_version(self) or self.config.model_version or self.config.model
 
     def served_model(self, adapter: Adapter | None) -> str:
         """The `model` the backends expect for requests served by `adapter` (None: the base)."""
@@ -224,8 +235,14 @@ class ChatCompletionsModel(ModelServer):
                 if chat_request.get(key) is None:
                     chat_request[key] = neutral
 
-        turn, backend = await self._routed(
-            lambda b: self._generate(b, payload, chat_request, previous), sticky=self.pool.sticky_backend(payload.get("input")))
+        async def generate(backend: Backend) -> Turn:
+            weights = backend.weight_version  # read at dispatch: a reload waits for this generation (weights.py)
+            turn = await self._generate(backend, payload, chat_request, previous)
+            if weights is not None and turn.version_spans is None:  # a continued turn's is its last token's
+                turn.model_version = weights
+            return turn
+
+        turn, backend = await self._routed(generate, sticky=self.pool.sticky_backend(payload.get("input")))
         output = turn.output
         if turn.tokens is not None and not output:
             # An empty generation (e.g. only the end-of-turn token) is still a turn with tokens.
@@ -275,13 +292,15 @@ class ChatCompletionsModel(ModelServer):
                 body.update(logprobs=True, return_prompt_token_ids=True, return_token_ids=True, return_meta_info=True)
         if input_ids is not None:
             body["input_ids"] = input_ids
+        dispatched = self._version_now(backend)
         reply = await self._post(backend, "/chat/completions", body)
         if is_context_error(reply):
             return context_length_turn()
         _raise_for_status(reply)
         chat = reply.json()
         if was_aborted((chat.get("choices") or [{}])[0]):
-            return await self._chat_aborted(backend, chat_request, chat, input_ids, restarts)
+            return await self._chat_aborted(backend, chat_request, chat, input_ids, restarts,
+                                            dispatched or backend_model_version(chat))
         try:
             converted = chat_response_to_output(chat, parse_think_tags=self.config.parse_think_tags)
         except ConversionError as exc:
@@ -302,28 +321,33 @@ class ChatCompletionsModel(ModelServer):
                 tokens["generation_forced"] = forced
             tokens["generation_constrained"] = [1] * len(tokens["generation_log_probs"])
         return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
-                    self._served_version(chat))
+                    dispatched or backend_model_version(chat))
 
     async def _chat_aborted(self, backend: Backend, chat_request: dict[str, Any], chat: dict[str, Any],
-                            input_ids: list[int] | None, restarts: int) -> Turn:
+                            input_ids: list[int] | None, restarts: int, version: str | None) -> Turn:
         """An aborted chat generation: continued from its tokens on /v1/completions (its text parsed here), or,
         when a grammar shaped it (a completions prompt cannot carry that on), generated anew once resumed."""
         tokens = token_triple(chat, prompt_ids=input_ids) if self.wants_tokens else None
         if self.config.continue_aborted and tokens is not None and constrains_output(chat_request):
             if restarts >= MAX_CONTINUATIONS:
                 raise HTTPException(502, detail=f"backend aborted the generation {restarts + 1} times")
+            await self.weights.admit(self, backend)
             await wait_until_resumed(lambda: self._is_paused(backend), self.config.resume_wait_s,
                                      len(tokens["generation_token_ids"]))
-            return await self._chat(backend, chat_request, input_ids, restarts + 1)
+            turn = await self._chat(backend, chat_request, input_ids, restarts + 1)
+            if turn.tokens is not None and turn.version_spans is None:  # generated anew: all the new version's
+                turn.version_spans = [(turn.model_version, len(turn.tokens["generation_token_ids"]))]
+            return turn
         prompt_ids = tokens["prompt_token_ids"] if tokens is not None else []
         return await self._continue(backend, chat_request, self._completion_body(chat_request, prompt_ids), prompt_ids,
-                                    tokens, self._served_version(chat))
+                                    tokens, version)
 
     async def _complete_tokens(self, backend: Backend, chat_request: dict[str, Any], prompt_ids: list[int]) -> Turn | None:
         """vLLM: generate from a token-id prompt on /v1/completions and parse the raw text here."""
         if backend.capabilities.get("completions") is False:
             return None
         body = self._completion_body(chat_request, prompt_ids)
+        dispatched = self._version_now(backend)
         reply = await self._post(backend, "/completions", body)
         if reply.status in (404, 405):
             backend.capabilities["completions"] = False
@@ -334,10 +358,11 @@ class ChatCompletionsModel(ModelServer):
         completion = reply.json()
         choice = (completion.get("choices") or [{}])[0]
         tokens = completion_triple(choice, prompt_ids)
+        version = dispatched or backend_model_version(completion)
         if was_aborted(choice):
-            return await self._continue(backend, chat_request, body, prompt_ids, tokens, self._served_version(completion))
+            return await self._continue(backend, chat_request, body, prompt_ids, tokens, version)
         return self._text_turn(chat_request, choice.get("text") or "", choice.get("finish_reason"),
-                               completion.get("usage"), tokens, self._served_version(completion))
+                               completion.get("usage"), tokens, version)
 
     def _completion_body(self, chat_request: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any]:
         """The /v1/completions body of a token-id prompt, with the request's sampling settings."""
@@ -366,10 +391,12 @@ class ChatCompletionsModel(ModelServer):
         return Turn(converted.output, converted.status, converted.incomplete_details, converted.usage, tokens,
                     version, spans)
 
-    def _served_version(self, answer: dict[str, Any]) -> str | None:
-        """The version of the weights that answered, as known when the answer came back: the configured
-        one, else the backend's (`weight_version`)."""
-        return self.config.model_version or backend_model_version(answer)
+    def _version_now(self, backend: Backend) -> str | None:
+        """The version of the weights that serve a request sent to `backend` now, as this server knows it: the
+        full weights it was last given (weights.py: a reload holds requests until it has its version), else the
+        configured one; None: the backend's own (`weight_version` in its answer). Read at dispatch, so that a
+        generation aborted by a reload keeps the version it began on and its continuation gets the new one."""
+        return backend.weight_version or self.config.model_version
 
     # ------------------------------------------------------------------ in-flight weight updates
 
@@ -387,11 +414,13 @@ class ChatCompletionsModel(ModelServer):
         choice: dict[str, Any] = {"finish_reason": ABORTED}
         for _ in range(MAX_CONTINUATIONS):
             generated = [token for segment in segments for token in segment.token_ids]
+            await self.weights.admit(self, backend)  # a reload through this server: until it has its version
             await wait_until_resumed(lambda: self._is_paused(backend), self.config.resume_wait_s, len(generated))
             rest = continuation_body(body, prompt_ids, generated)
             if rest is None:  # aborted on its last token
                 choice = {"finish_reason": "length"}
                 break
+            dispatched = self._version_now(backend)
             reply = await self._post(backend, "/completions", rest)
             if is_context_error(reply):  # the context is full: the generation ends there, cut off
                 choice = {"finish_reason": "length"}
@@ -404,7 +433,7 @@ class ChatCompletionsModel(ModelServer):
                 raise HTTPException(502, detail="backend continued an aborted generation without token ids and "
                                                 "logprobs")
             segments.append(Segment(part["generation_token_ids"], part["generation_log_probs"],
-                                    self._served_version(completion)))
+                                    dispatched or backend_model_version(completion)))
             if not was_aborted(choice):
                 break
         else:
@@ -557,15 +586,19 @@ class ChatCompletionsModel(ModelServer):
 
         @app.post("/update_weights_from_disk")
         async def update_weights_from_disk(request: Request) -> JSONBytesResponse:
-            """{"model_path": a checkpoint folder every backend can read, "weight_version"?} -> each backend's result."""
+            """{"model_path": a checkpoint folder every backend can read, "weight_version"?, "pause_mode"?: wait |
+            abort | keep (vLLM)} -> each backend's result (weights.py)."""
             payload = await read_json(request)
             path = payload.get("model_path") if isinstance(payload, dict) else None
             if not isinstance(path, str) or not path:
                 raise BadRequest("required: the folder of the new weights", field="model_path")
             version = payload.get("weight_version")
-            if version is not None and not isinstance(version, str):
-                raise BadRequest("must be a string", field="weight_version")
-            results = await update_weights_everywhere(self, path, version)
+            if version is not None and (not isinstance(version, str) or not version):
+                raise BadRequest("must be a non-empty string", field="weight_version")
+            mode = payload.get("pause_mode", "wait")
+            if mode not in ("wait", "abort", "keep"):
+                raise BadRequest("must be wait, abort or keep", field="pause_mode")
+            results = await update_weights_everywhere(self, path, version, mode)
             return JSONBytesResponse({"success": True, "model_version": version or path, "backends": results})
 
     # ------------------------------------------------------------------ plumbing
@@ -596,6 +629,7 @@ class ChatCompletionsModel(ModelServer):
             backend = pool.pick(sticky, tried)
             backend.in_flight += 1
             try:
+                await self.weights.admit(self, backend)
                 result = await call(backend)
             except BackendUnavailable as exc:
                 last_error = str(exc)

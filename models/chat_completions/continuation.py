@@ -9,7 +9,9 @@ plus the partial completion as a token-id prompt, `max_tokens` (and `min_tokens`
 as often as it is aborted. The answer is one generation whose ids and logprobs are the segments' in
 order, exactly as if it had not been interrupted (the next turn still extends prompt + generation), and
 whose `model_version_spans` say which weights sampled how many of its tokens: one span per segment that
-produced tokens, the version the server knew when that segment's answer came back.
+produced tokens, the version the server knew when it sent that segment's request (a reload through the
+server holds new requests until the backend has its version, so an aborted segment keeps the version it began
+on and its continuation gets the new one).
 
 This module holds what does not need the server: the segments, the continuation's request body, the
 spans and the wait for the engine.
@@ -32,7 +34,7 @@ POLL_FIRST_S, POLL_MAX_S = 0.05, 1.0
 @dataclass
 class Segment:
     """The tokens one backend call generated before it ended (aborted or finished) and the version that
-    sampled them (the server's raw version: its configured one or the backend's, None when unknown)."""
+    sampled them (the server's raw version, read when the call was sent; None when unknown)."""
 
     token_ids: list[int]
     logprobs: list[float]

@@ -9,6 +9,8 @@ holds no tagged item is a new session and goes to the backend with the fewest re
 A backend that fails (no connection, 5xx) is taken out for `cooldown_s` and the request is retried
 on another one; after the cool-down it gets traffic again (a failure takes it out again). A session
 whose backend is out is re-routed; with token-id prompts its tokens stay exact on the new backend.
+A backend that failed is asked which weights it serves before it gets traffic again (weights.py): one
+restarted on its base weights is brought to the pool's current ones first.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class Backend:
     served: int = 0
     # Learned capabilities: None = not tried yet, False = the backend lacks the route.
     capabilities: dict[str, bool] = field(default_factory=dict)
+    # The full weights it serves (weights.py; None: those it started with), and whether to ask it again before
+    # its next request (it failed one: a restarted backend serves its base weights again).
+    weight_version: str | None = None
+    needs_weights_check: bool = False
+    weights_checked_at: float = 0.0
 
     @property
     def root(self) -> str:
@@ -96,6 +103,7 @@ class BackendPool:
 
     def mark_down(self, backend: Backend) -> None:
         backend.failures += 1
+        backend.needs_weights_check = True
         backend.down_until = time.monotonic() + self.cooldown_s
 
     def mark_ok(self, backend: Backend) -> None:

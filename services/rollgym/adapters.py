@@ -170,8 +170,8 @@ async def publish(registry: Mapping[str, Any], action: str, body: dict[str, Any]
                   servers: list[str] | None = None, *, timeout_s: float = 600.0) -> list[dict[str, Any]]:
     """Call an adapter route on every replica of the stack's model servers (or of `servers`).
 
-    `action` is "load" or "unload" (POST `/v1/{action}_lora_adapter` with `body`) or "list" (GET
-    `/v1/models`). Returns one `{server, url, status, answer}` per replica, in registry order; a
+    `action` is "load" or "unload" (POST `/v1/{action}_lora_adapter` with `body`), "weights" (POST
+    `/update_weights_from_disk` with `body`: full weights, train/loop/weights.py) or "list" (GET `/v1/models`). Returns one `{server, url, status, answer}` per replica, in registry order; a
     replica that does not answer has status 0 and the reason as its answer.
     """
     from .client import ServerCallError, ServerClient
@@ -190,6 +190,9 @@ async def publish(registry: Mapping[str, Any], action: str, body: dict[str, Any]
         try:
             if action == "list":
                 reply = await client.get(url, "/v1/models", headers=headers)
+            elif action == "weights":  # a failed reload is the replica's answer, reported, not retried here
+                reply = await client.post(url, "/update_weights_from_disk", json=body, headers=headers,
+                                          retry_statuses=())
             else:
                 reply = await client.post(url, f"/v1/{action}_lora_adapter", json=body, headers=headers)
         except ServerCallError as exc:

@@ -67,8 +67,8 @@ def test_what_colocate_cannot_do_is_refused_by_key(tmp_path: Path, capsys: pytes
 
 def test_an_async_colocate_plan_trains_full_weights_and_checks_clean(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """mode: async with colocate: true: finetune: full is on-policy (each step published in memory); a trainer that
-    cannot run in the server is refused by key."""
+    """mode: async with colocate: true: finetune: full is on-policy (each step published in memory); without it a
+    policy model that cannot reload full weights, and a trainer that cannot run in the server, are refused by key."""
     data = plan_data(tmp_path)
     stage = data.pop("stages")[0]
     data.update(mode="async", optimize=stage["optimize"], orchestrator={
@@ -79,7 +79,7 @@ def test_an_async_colocate_plan_trains_full_weights_and_checks_clean(tmp_path: P
     assert code == 0, out
     data.pop("colocate")
     code, out = check(tmp_path, capsys, data)
-    assert code == 2 and "optimize.args.finetune: full cannot run with mode: async" in out, out
+    assert code == 2 and "key 'optimize.args.finetune': the stack's policy_model is models/" in out, out
     data.update(colocate=True, optimize={"trainer": "trl_sft", "args": {}})
     code, out = check(tmp_path, capsys, data)
     assert code == 2 and "optimize.trainer: colocate: true trains with grpo" in out, out

@@ -73,3 +73,22 @@ class GgufTrainer:
             write_merged_gguf(bundled_gguf(), deltas, serving, "f16")
         return Artefact(kind="lora", uri=str(out / "adapter"), base_model=config.base_model, version=config.version,
                         serving_uri=str(serving), metrics={"train_s": 0.0})
+
+
+class FullWeightsTrainer:
+    """For apply: weights. Writes the step's checkpoint as the grpo trainer writes full weights
+    (checkpoint/model/model.safetensors), the tensors of `args.reference` with every value moved by the step's
+    number (`args.shapes`: other shapes, a checkpoint no engine could load)."""
+
+    def fit(self, dataset: Path, config: TrainConfig) -> Artefact:
+        import numpy as np
+        from safetensors.numpy import load_file, save_file
+
+        weights = load_file(str(Path(config.args["reference"]) / "model.safetensors"))
+        for name, shape in (config.args.get("shapes") or {}).items():
+            weights[name] = np.zeros(shape, dtype=np.float32)
+        model = Path(config.output_dir) / "checkpoint" / "model"
+        model.mkdir(parents=True, exist_ok=True)
+        save_file({name: value + 0.01 for name, value in weights.items()}, str(model / "model.safetensors"))
+        return Artefact(kind="full_weights", uri=str(model), base_model=config.base_model, version=config.version,
+                        metrics={"train_loss": 0.5, "train_s": 0.0})

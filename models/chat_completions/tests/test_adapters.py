@@ -171,6 +171,3 @@ def test_full_weights_reload_on_every_sglang_backend_and_name_the_version(tmp_pa
         missing = client.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")})
         assert missing.status_code == 400 and "no model at" in missing.text and "backends[" in missing.text
         assert client.post("/update_weights_from_disk", json={}).status_code == 422  # the field at fault
-    with pool(("--token-info",)) as (client, _):  # vLLM: no route reloads full weights from a path
-        refused = client.post("/update_weights_from_disk", json={"model_path": str(weights)})
-        assert refused.status_code == 501 and "publish a LoRA adapter" in refused.text

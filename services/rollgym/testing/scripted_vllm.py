@@ -12,6 +12,14 @@ Routes: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions``,
 ``GET /scripted/requests`` (the last 500 request bodies, with their paths) and
 ``POST /scripted/clear``.
 
+Full weights, vLLM shape (its dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause?mode=...``
+(generations wait until ``POST /resume``; ``GET /is_paused``), ``POST /collective_rpc {"method":
+"reload_weights", "kwargs": {"weights_path": DIR, "is_checkpoint_format": true}}`` (a folder without
+``*.safetensors`` is 500; ``--fail-reloads N``: the first N reloads fail with 500, a worker that died;
+``--reload-latency-ms``: how long one takes),
+``POST /update_weight_version {"new_version"}`` and ``GET /weight_info``, answered as vLLM 0.32 answers them.
+SGLang shape: ``POST /update_weights_from_disk``.
+
 LoRA adapters, as vLLM (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and SGLang load them at run time:
 vLLM shape ``POST /v1/load_lora_adapter`` ``{lora_name, lora_path, load_inplace}`` (200 with a
 sentence; 400 when the name is taken without ``load_inplace``; 404 when the path does not exist) and
@@ -97,12 +105,11 @@ Logprobs are deterministic negative floats computed from (seed, position, token 
 ``--max-model-len N``: a prompt whose tokens plus ``max_tokens`` exceed N gets HTTP 400 with the
 backend's context-length message.
 
-In-flight weight updates, as vLLM's dev mode serves them (vLLM shape): ``POST /pause?mode=abort|wait|keep``,
-``POST /resume``, ``GET /is_paused`` (``{"is_paused": bool}``) and ``POST /update_weight_version``
-``{new_version}``. While paused, a ``/v1/completions`` request waits for ``/resume``; ``mode=abort`` ends every
-completion still in its latency at once with ``finish_reason: "abort"`` and the share of its tokens that the
-elapsed share of the latency covers (0 included; ``&scripted_keep=N``: N of them), as vLLM answers it. A request whose prompt is an aborted
-one's prompt + those tokens gets the rest of that generation (token-exact), and after ``/update_weight_version``
+In-flight weight updates on those routes: while paused, a generation waits for ``/resume``; ``mode=abort``
+ends every ``/v1/completions`` generation still in its latency at once with ``finish_reason: "abort"`` and the
+share of its tokens that the elapsed share of the latency covers (0 included; ``&scripted_keep=N``: N of
+them), as vLLM answers it, and ``mode=wait`` waits for them. A request whose prompt is an aborted one's
+prompt + those tokens gets the rest of that generation (token-exact), and after ``/update_weight_version``
 the logprobs are drawn as from other weights. ``GET /scripted/running`` says how many generations are under way.
 
 Failure injection uses ``random.Random(seed)``: with probability ``--fail-rate`` a generation
@@ -156,8 +163,9 @@ _CONFIG = web.AppKey("scripted_config", dict)
 _RNG = web.AppKey("scripted_rng", random.Random)
 _LOG = web.AppKey("scripted_log", collections.deque)
 _ADAPTERS = web.AppKey("scripted_adapters", dict)
-# vLLM's dev-mode pause: "resumed" (an asyncio.Event, set while generating), "running" (an abort event per
-# generation under way), "aborted" (prompt + partial ids -> the rest of an aborted generation), "version".
+_PAUSED = web.AppKey("scripted_not_paused", asyncio.Event)  # set while generation runs (vLLM's /pause clears it)
+# In-flight updates: "running" (an abort event per completion under way), "aborted" (prompt + partial ids -> the
+# rest of an aborted generation), "keep" (tokens an abort leaves, for tests), "version" (set at run time).
 _PAUSE = web.AppKey("scripted_pause", dict)
 
 
@@ -705,6 +713,92 @@ async def _update_weights_from_disk(request: web.Request) -> web.Response:
     return _json_response({"success": True, "message": "Succeeded to update model weights."})
 
 
+def _bad_request(param: str, kind: str, message: str, value: Any) -> web.Response:
+    """vLLM's answer to a request its route's validation refuses (400, the parameter named)."""
+    detail = {"type": kind, "loc": param, "msg": message, "input": value}
+    return _json_response({"error": {"message": f"1 validation error:\n  {detail}", "type": "Bad Request",
+                                     "param": param, "code": 400}}, status=400)
+
+
+def _worker_failed(error: str) -> web.Response:
+    """vLLM's answer when a collective_rpc failed in its worker (the server itself goes on serving)."""
+    return _json_response({"error": {"message": f"Call to collective_rpc method failed: Worker failed with error "
+                                                f"'{error}', please check the stack trace above for the root cause",
+                                     "type": "InternalServerError", "param": None, "code": 500}}, status=500)
+
+
+async def _pause(request: web.Request) -> web.Response:
+    """vLLM's `POST /pause?mode=abort|wait|keep`: new generations wait until `/resume`; `abort` ends the
+    completions under way at once, `wait` waits for them; an unknown mode is 400, as vLLM's PauseMode is."""
+    request.app[_LOG].append({"path": request.path, "body": dict(request.query)})
+    mode = request.query.get("mode", "abort")
+    if mode not in ("abort", "wait", "keep"):
+        return _bad_request("query.mode", "literal_error", "Input should be 'abort', 'wait' or 'keep'", mode)
+    pause = request.app[_PAUSE]
+    # The scripted backend's own knob, for tests: the tokens every aborted generation keeps (else its share).
+    keep = request.query.get("scripted_keep")
+    pause["keep"] = int(keep) if keep is not None and keep.isdigit() else None
+    request.app[_PAUSED].clear()
+    if mode == "abort":
+        for abort in list(pause["running"]):
+            abort.set()
+    while mode == "wait" and pause["running"]:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.02)  # as vLLM: the aborted answers go out before the pause returns
+    return _json_response({"status": "paused"})
+
+
+async def _resume(request: web.Request) -> web.Response:
+    request.app[_LOG].append({"path": request.path, "body": None})
+    request.app[_PAUSED].set()
+    return _json_response({"status": "resumed"})
+
+
+async def _is_paused(request: web.Request) -> web.Response:
+    return _json_response({"is_paused": not request.app[_PAUSED].is_set()})
+
+
+async def _collective_rpc(request: web.Request) -> web.Response:
+    """vLLM's dev-mode `POST /collective_rpc {method, args?, kwargs?}`; `reload_weights` with `kwargs.weights_path`
+    reloads from a folder of *.safetensors (one worker: `{"results": [null]}`). A folder without them is 500
+    with vLLM's error body; `--fail-reloads N` makes the first N reloads fail with 500 (a worker that died)."""
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    if not isinstance(req, dict) or req.get("method") is None:
+        return _json_response({"detail": "Missing 'method' in request body"}, status=400)
+    if req["method"] != "reload_weights":
+        return _json_response({"results": [None]})
+    config = request.app[_CONFIG]
+    path = str((req.get("kwargs") or {}).get("weights_path") or "")
+    if config["fail_reloads"] > 0:
+        config["fail_reloads"] -= 1
+        return _worker_failed("scripted reload failure")
+    if not os.path.isdir(path) or not any(name.endswith(".safetensors") for name in os.listdir(path)):
+        return _worker_failed("Cannot find any model weights with `<path>`")
+    await asyncio.sleep(config["reload_latency_s"])
+    config["reloaded_from"] = path
+    return _json_response({"results": [None]})
+
+
+async def _update_weight_version(request: web.Request) -> web.Response:
+    """vLLM's `POST /update_weight_version {new_version}` (embedded body) -> `{success, new_version}`."""
+    req, error = await _read(request)
+    if error is not None:
+        return error
+    version = req.get("new_version") if isinstance(req, dict) else None
+    if not isinstance(version, str):
+        return _bad_request("body.new_version", "missing", "Field required", "None")
+    request.app[_CONFIG]["weight_version"] = version
+    request.app[_PAUSE]["version"] = version  # later completions' logprobs: as from other weights
+    return _json_response({"success": True, "new_version": version})
+
+
+async def _weight_info(request: web.Request) -> web.Response:
+    """vLLM's `GET /weight_info` -> `{weight_version}` ("default" until one is set)."""
+    return _json_response({"weight_version": request.app[_CONFIG]["weight_version"] or "default"})
+
+
 async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
     """The JSON body (logged for tests), or an error response."""
     try:
@@ -715,11 +809,14 @@ async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
     return req, None
 
 
-async def _inject(app: web.Application, latency: bool = True) -> web.Response | None:
-    """Latency (unless waited already), then the scripted failures: an error response, a hang, or None to go on."""
+async def _inject(app: web.Application, scheduled: bool = False) -> web.Response | None:
+    """The wait for /resume and the latency (unless the generation was `scheduled` already: `_generating`), then
+    the scripted failures: an error response, a hang, or None to go on."""
     cfg = app[_CONFIG]
     rng = app[_RNG]
-    if latency and cfg["latency_s"] > 0:
+    if not scheduled:
+        await app[_PAUSED].wait()  # a paused engine schedules nothing new until /resume
+    if not scheduled and cfg["latency_s"] > 0:
         await asyncio.sleep(cfg["latency_s"])
     # Draw both numbers every time so the failure pattern depends only on seed and request order.
     fail_draw, hang_draw = rng.random(), rng.random()
@@ -785,7 +882,7 @@ async def _completions(request: web.Request) -> web.Response:
             return _error(400, "Either prompt or prompt_embeds must be provided and non-empty.", "BadRequestError")
     pause = request.app[_PAUSE]
     aborted_at = await _generating(request.app)
-    failure = await _inject(request.app, latency=False)
+    failure = await _inject(request.app, scheduled=True)
     if failure is not None:
         return failure
     too_long = _context_error(cfg, len(prompt_ids), req.get("max_tokens", 16))
@@ -804,7 +901,7 @@ async def _generating(app: web.Application) -> float | None:
     """A generation's latency, as vLLM runs it: not before the engine is resumed, and cut short by
     /pause?mode=abort. None when it ran to its end, else the share of the latency that had passed."""
     cfg, pause = app[_CONFIG], app[_PAUSE]
-    await pause["resumed"].wait()  # vLLM holds new requests while it is paused
+    await app[_PAUSED].wait()  # vLLM holds new requests while it is paused
     abort = asyncio.Event()
     pause["running"].add(abort)
     started = time.monotonic()
@@ -835,48 +932,9 @@ def _cut(completion: dict[str, Any], share: float, prompt_ids: list[int], start:
     usage.update(completion_tokens=kept, total_tokens=usage["prompt_tokens"] + kept)
 
 
-async def _pause(request: web.Request) -> web.Response:
-    """POST /pause?mode=abort|wait|keep (vLLM dev mode): abort ends every running generation at once."""
-    pause = request.app[_PAUSE]
-    mode = request.query.get("mode", "abort")
-    if mode not in ("abort", "wait", "keep"):
-        return _error(422, f"mode must be abort, wait or keep, not {mode!r}", "BadRequestError")
-    # The scripted backend's own knob, for tests: the tokens every aborted generation keeps (else its share).
-    keep = request.query.get("scripted_keep")
-    pause["keep"] = int(keep) if keep is not None and keep.isdigit() else None
-    pause["resumed"].clear()
-    if mode == "abort":
-        for abort in list(pause["running"]):
-            abort.set()
-    while mode == "wait" and pause["running"]:
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.02)  # as vLLM: the aborted answers go out before the pause returns
-    return _json_response({"status": "paused"})
-
-
-async def _resume(request: web.Request) -> web.Response:
-    request.app[_PAUSE]["resumed"].set()
-    return _json_response({"status": "resumed"})
-
-
-async def _is_paused(request: web.Request) -> web.Response:
-    return _json_response({"is_paused": not request.app[_PAUSE]["resumed"].is_set()})
-
-
 async def _running(request: web.Request) -> web.Response:
     """GET /scripted/running: how many generations are under way (what a test waits for before pausing)."""
     return _json_response({"running": len(request.app[_PAUSE]["running"])})
-
-
-async def _update_weight_version(request: web.Request) -> web.Response:
-    """POST /update_weight_version {new_version}: later logprobs are drawn as from other weights."""
-    req, error = await _read(request)
-    if error is not None:
-        return error
-    if not isinstance(req, dict) or not isinstance(req.get("new_version"), str):
-        return _error(422, "new_version: a string is required", "BadRequestError")
-    request.app[_PAUSE]["version"] = req["new_version"]
-    return _json_response({"success": True, "new_version": req["new_version"]})
 
 
 async def _generate(request: web.Request) -> web.Response:
@@ -976,6 +1034,8 @@ def build_app(
     weight_version: str | None = None,
     token_routes: bool = True,
     template: str = "chatml",
+    fail_reloads: int = 0,
+    reload_latency_ms: float = 0.0,
 ) -> web.Application:
     """Backend settings -> aiohttp Application serving the scripted routes."""
     if shape not in ("vllm", "sglang"):
@@ -994,13 +1054,15 @@ def build_app(
         "template": template,
         "max_model_len": max_model_len,
         "weight_version": weight_version,
+        "fail_reloads": fail_reloads,
+        "reload_latency_s": reload_latency_ms / 1000.0,
     }
+    app[_PAUSED] = asyncio.Event()
+    app[_PAUSED].set()
     app[_RNG] = random.Random(seed)
     app[_LOG] = collections.deque(maxlen=500)
     app[_ADAPTERS] = {}
-    resumed = asyncio.Event()
-    resumed.set()
-    app[_PAUSE] = {"resumed": resumed, "running": set(), "aborted": {}, "version": "", "keep": None}
+    app[_PAUSE] = {"running": set(), "aborted": {}, "version": "", "keep": None}
     if shape == "sglang":
         app.router.add_post("/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/unload_lora_adapter", _unload_lora_adapter)
@@ -1008,6 +1070,13 @@ def build_app(
     else:
         app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
+        # vLLM's dev-mode routes for reinforcement learning (VLLM_SERVER_DEV_MODE=1)
+        app.router.add_post("/pause", _pause)
+        app.router.add_post("/resume", _resume)
+        app.router.add_get("/is_paused", _is_paused)
+        app.router.add_post("/collective_rpc", _collective_rpc)
+        app.router.add_post("/update_weight_version", _update_weight_version)
+        app.router.add_get("/weight_info", _weight_info)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/chat/completions", _chat_completions)
@@ -1017,10 +1086,6 @@ def build_app(
         return app
     app.router.add_post("/v1/completions", _completions)
     if shape == "vllm":
-        app.router.add_post("/pause", _pause)
-        app.router.add_post("/resume", _resume)
-        app.router.add_get("/is_paused", _is_paused)
-        app.router.add_post("/update_weight_version", _update_weight_version)
         app.router.add_get("/scripted/running", _running)
     app.router.add_post("/tokenize", _tokenize)
     app.router.add_post("/detokenize", _detokenize)
@@ -1046,7 +1111,8 @@ async def _serve(args: argparse.Namespace) -> None:
     app = build_app(args.latency_ms, args.fail_rate, args.hang_rate, args.seed, args.token_info,
                     shape=args.shape, drift=args.drift, max_model_len=args.max_model_len,
                     weight_version=args.weight_version, token_routes=not args.no_token_routes,
-                    template=args.template)
+                    template=args.template, fail_reloads=args.fail_reloads,
+                    reload_latency_ms=args.reload_latency_ms)
     # access_log=None: no per-request logging on a benchmark path; handler_cancellation
     # frees hung handlers once the client gives up.
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
@@ -1086,6 +1152,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="qwen3: drop an assistant message's <think> once a later user message follows")
     parser.add_argument("--max-model-len", type=int, default=0, help="context length; 0 = unlimited")
     parser.add_argument("--weight-version", default=None, help="reported in SGLang-shaped meta_info")
+    parser.add_argument("--fail-reloads", type=int, default=0,
+                        help="vLLM shape: the first N /collective_rpc reload_weights calls fail with 500")
+    parser.add_argument("--reload-latency-ms", type=float, default=0.0,
+                        help="vLLM shape: how long a /collective_rpc reload_weights takes")
     parser.add_argument("--no-token-routes", action="store_true",
                         help="serve no /v1/completions, /tokenize, /detokenize (a plain chat backend)")
     args = parser.parse_args(argv)

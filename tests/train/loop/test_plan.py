@@ -44,7 +44,7 @@ def test_overrides_replace_top_level_keys(tmp_path: Path) -> None:
     (lambda p: p["stages"][0]["curate"].update(min_rewad=1), r"key 'stages\[0\]\.curate\.min_rewad': unknown option"),
     (lambda p: p["stages"][0]["curate"].update(curriculum={"initial_percentile": 2}),
      r"key 'stages\[0\]\.curate\.curriculum\.initial_percentile'"),
-    (lambda p: p["stages"][0].update(apply="restart"), r"key 'stages\[0\]\.apply': Input should be 'lora', 'merged', 'memory' or 'none'"),
+    (lambda p: p["stages"][0].update(apply="restart"), r"key 'stages\[0\]\.apply': Input should be 'lora', 'merged', 'weights', 'memory' or 'none'"),
     (lambda p: p.pop("output"), r"key 'output': Field required"),
     (lambda p: p["stack"].update(registry_file="stack.json"), r"key 'stack': give either configs .* or registry_file"),
     (lambda p: p.update(validation=None), r"a guard needs a validation section"),
@@ -150,7 +150,9 @@ def test_full_weights_served_as_an_adapter_are_refused_with_their_keys(tmp_path:
 
     data = yaml.safe_load((REPO_ROOT / "scripts/train/async.yaml").read_text())
     data["optimize"]["args"]["finetune"] = "full"
-    with pytest.raises(PlanError, match=r"optimize\.args\.finetune: full cannot run with mode: async"):
+    # mode: async serves full weights by reloading them: the embedded llama.cpp model cannot
+    with pytest.raises(PlanError, match=r"key 'optimize\.args\.finetune': the stack's policy_model is models/llamacpp, "
+                                        r"which cannot reload full weights"):
         load_plan(write(tmp_path, data))
 
 

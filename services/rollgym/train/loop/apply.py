@@ -11,6 +11,9 @@
   that file. Its model name, the file's stem, is the version the rollouts report. The base model is
   served the same way (a copy of the bundled GGUF in that precision), so that what is sampled is what
   the trainer computes, up to that precision (docs/train-loop.md).
+- `weights` (finetune: full): every replica of the policy model (chat_completions in front of vLLM or SGLang,
+  or the transformers server) reloads the step's safetensors from a folder they all read, under the version
+  `NAME@STEP`; the checkpoint is checked against the served model's tensors first (weights.py).
 - `memory` (co-locate mode, `colocate: true`): the policy server is the trainer's own process and the step
   published its weights in memory (colocate.py); applying checks the version it serves.
 - `none`: the served model stays as it is.
@@ -28,6 +31,7 @@ from ...client import load_registry_file
 from ...config import load_stack
 from ...stack.launcher import Stack
 from .plan import Plan
+from .weights import FullWeights, WeightsRefused
 from ..trainers.base import Artefact
 
 POLICY = "policy_model"  # the model server the agents of a stack name
@@ -48,6 +52,8 @@ class Serving:
         self.model_path: str | None = None  # merged: the GGUF being served
         self.version: str | None = None  # what the rollouts must report; None = not known/checked
         self.lora_loaded: set[str] = set()
+        self.full: FullWeights | None = None  # apply: weights (and mode: async with finetune: full)
+        self.base_name: str | None = None  # the served model's own name, which full-weight versions extend
 
     @property
     def owns_stack(self) -> bool:
@@ -83,6 +89,8 @@ class Serving:
         if self.stack is not None:
             self.stack.stop()
             self.stack = None
+        if self.full is not None:  # what it staged (in /dev/shm by default) goes with the run
+            self.full.close()
 
     def request_params(self) -> dict[str, Any]:
         """What every collection request adds: the served model's name, which selects a hot-loaded
@@ -95,8 +103,11 @@ class Serving:
         """Start serving the base model; for `merged`, as a `serve_dtype` copy named policy-base."""
         if mode != "merged":
             self.start()
-            if mode in ("lora", "memory"):
+            if mode in ("lora", "memory", "weights"):
                 self.version = asyncio.run(listed_version(self.registry, POLICY, None))
+            if mode == "weights":
+                self.full = FullWeights(self.plan.weights, self.serving_dir.parent, base_model, self._log)
+                self.base_name = (self.version or POLICY).rsplit("@", 1)[0]
             return
         from ..trainers.gguf_export import write_merged_gguf
         from ..trainers.policy import gguf_of
@@ -128,6 +139,8 @@ class Serving:
                 self.stop()
                 self.start(str(path))
             self.version = Path(path).stem
+        elif mode == "weights":
+            self._reload(artefact)
         elif artefact is None:
             self.version = asyncio.run(listed_version(self.registry, POLICY, None))  # the base model, by its own name
         elif mode == "memory":
@@ -142,6 +155,37 @@ class Serving:
             self.version = asyncio.run(self._load_lora(artefact))
             self.lora_loaded.add(artefact.version)
         return time.perf_counter() - started
+
+    def full_version(self, step_version: str) -> str:
+        """The version a full-weight step is served as: the served model's name @ the step's."""
+        return f"{self.base_name or POLICY}@{step_version}"
+
+    def _reload(self, artefact: Artefact | None) -> None:
+        """apply: weights: every replica reloads the artefact's safetensors (None: the base model's, from the
+        reference folder); the version counts once every replica serves it, a replica that failed is named."""
+        assert self.full is not None
+        if artefact is None:
+            if self.full.reference is None:
+                raise ApplyError("apply: weights: serving the base model again needs its safetensors folder "
+                                 "(weights.reference, or base_model as a folder)")
+            path, version = str(self.full.reference), self.base_name or POLICY
+        elif artefact.kind != "full_weights":
+            raise ApplyError(f"apply: weights serves full weights; {artefact.version} is a {artefact.kind} "
+                             "(use apply: lora)")
+        else:
+            path, version = artefact.uri, self.full_version(artefact.version)
+        try:
+            sync = self.full.publish(self.registry, POLICY, path, version)
+        except WeightsRefused as exc:
+            raise ApplyError(f"apply: weights: {exc}") from None
+        if any(replica["ok"] for replica in sync.replicas):
+            # Rollouts of a replica that failed carry its old version: stale, not trained on as this one's.
+            self.version = version
+
+    def _log(self, message: str) -> None:
+        import sys
+
+        print(f"rollgym: {message}", file=sys.stderr)
 
     async def _load_lora(self, artefact: Artefact) -> str:
         """Load the adapter on every replica of the policy model; returns the `model_version` they list

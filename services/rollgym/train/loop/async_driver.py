@@ -59,7 +59,7 @@ class AsyncTrainLoop(TrainLoop):
             self.log(f"this run has stopped already: {self.state['stopped']}")
             return self.state
         started = time.perf_counter()
-        self.serving.serve_base("memory" if plan.colocate else "lora", plan.base_model)
+        self.serving.serve_base("memory" if plan.colocate else "weights" if self._full() else "lora", plan.base_model)
         self._colocate_trainer()
         self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
         try:
@@ -83,14 +83,45 @@ class AsyncTrainLoop(TrainLoop):
             self.serving.stop()
         return self.state
 
+    def _full(self) -> bool:
+        """Full weights on engines that reload them (apply: weights), rather than a LoRA hot-load."""
+        return not self.plan.colocate and self.plan.optimize is not None and self.plan.optimize.finetune == "full"
+
     def _loader(self) -> Any:
-        """Co-locate mode: each step is served once it returns (published in memory), under its version."""
+        """Co-locate mode: each step is served once it returns (published in memory), under its version. Full
+        weights: every replica reloads each step's checkpoint (apply: weights)."""
+        if self._full():
+            return self._reload_loader()
         if not self.plan.colocate:
             return None
         from .colocate import memory_loader
 
         assert self.plan.optimize is not None
         return memory_loader(self.serving.registry, self.plan.optimize.finetune == "full", step_version)
+
+    def _reload_loader(self) -> Any:
+        """The orchestrator's `loader` for full weights: stage, check and reload the step's checkpoint on every
+        replica (weights.py); the version then maps to the step, whether or not every replica took it (those
+        that failed go on answering with their old version, which maps to its own step)."""
+        from ..orchestrator.policy_versions import AdapterLoadError
+        from .apply import POLICY
+        from .weights import WeightsRefused
+
+        serving = self.serving
+        assert serving.full is not None and self.plan.orchestrator is not None
+        # In-flight updates: running generations are aborted, and the policy server continues them on the new
+        # weights (models/chat_completions continue_aborted); else they finish on the old ones first.
+        pause_mode = "abort" if self.plan.orchestrator.inflight_updates else "wait"
+
+        async def load(uri: str, step: int) -> list[str]:
+            version = serving.full_version(step_version(step))
+            try:
+                sync = await serving.full.publish_async(serving.registry, POLICY, uri, version, pause_mode)
+            except WeightsRefused as exc:
+                raise AdapterLoadError(f"step {step}: {exc}") from None
+            return [version] if any(replica["ok"] for replica in sync.replicas) else []
+
+        return load
 
     def _open_output(self) -> int:
         """Start a run in an empty output folder, or find where a run of the same plan stopped: the
@@ -159,6 +190,8 @@ class AsyncTrainLoop(TrainLoop):
             await orchestrator.finish_step(batch.step, None)
             line["train"]["skipped"] = "nothing to train on after curation"
         line["model_version"] = self.serving.version = orchestrator.served_version()
+        if self.serving.full is not None and self.serving.full.last is not None and curated.records:
+            line["weights"] = self.serving.full.last.summary()
         line["artefact"] = previous.uri if previous else None
         if self.validation.due(batch.step):
             line["validation"] = await asyncio.to_thread(self.validation.validate, batch.step, folder)

@@ -235,7 +235,9 @@ class TrainLoop:
                 self.state["applied"] = artefact.model_dump()
                 self._save_state()
             bar.done(version=self.serving.version, s=f"{seconds:.2f}")
-            finish("apply", {"mode": stage.apply, "model_version": self.serving.version}, seconds)
+            synced = self.serving.full.last if stage.apply == "weights" and self.serving.full else None
+            finish("apply", {"mode": stage.apply, "model_version": self.serving.version,
+                             **({"weights": synced.summary()} if synced else {})}, seconds)
 
         validation = None
         verdict = None
@@ -257,6 +259,7 @@ class TrainLoop:
                       "rollouts": collected.get("rollouts"), "failed": collected.get("failed"),
                       **artefact.metrics},
             "curated": {k: v for k, v in phases["curate"].items() if k != "s"},
+            **({"weights": phases["apply"]["weights"]} if "weights" in phases.get("apply", {}) else {}),
             "validation": validation, "guard": verdict,
             "phases_s": {name: phases[name]["s"] for name in PHASES if name in phases},
             "overhead_s": self._overhead(phases),

@@ -51,6 +51,7 @@ from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .teacher import TeacherConfig, teacher_file_problems, teacher_plan_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
+from .weights import WeightsConfig, full_weight_problems, reload_problems
 from ..trainers.base import BUILTIN, DATA_KIND
 from ..trainers.grpo_config import GRPOConfig
 
@@ -161,11 +162,13 @@ class StageConfig(StrictModel):
     curate: CurateConfig = Field(default_factory=CurateConfig)
     optimize: OptimizeConfig
     teacher: TeacherConfig | None = Field(default=None, description="on-policy distillation (loop/teacher.py)")
-    apply: Literal["lora", "merged", "memory", "none"] = Field(
+    apply: Literal["lora", "merged", "weights", "memory", "none"] = Field(
         default="merged", description="lora: hot-load the adapter (POST /v1/load_lora_adapter); merged: serve the "
-                                      "merged weights as a GGUF of serve_dtype (embedded model); memory (the "
-                                      "default under colocate: true): the co-located server serves the trainer's "
-                                      "weights, published in memory; none")
+                                      "merged weights as a GGUF of serve_dtype (embedded model); weights (finetune: "
+                                      "full): every replica of the policy model (vLLM, SGLang) reloads the step's "
+                                      "safetensors (the plan's weights section); memory (the default under "
+                                      "colocate: true): the co-located server serves the trainer's weights, "
+                                      "published in memory; none")
 
     @model_validator(mode="after")
     def _has_data(self) -> "StageConfig":
@@ -248,6 +251,8 @@ class Plan(StrictModel):
     teacher: TeacherConfig | None = Field(default=None, description="mode: async: on-policy distillation (teacher.py)")
     guard: GuardConfig | None = None
     checkpoints: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig, description="how full weights reach the serving "
+                                   "engines (apply: weights, and mode: async with finetune: full)")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
                                       description="where history's numbers also go: tensorboard (default), wandb, none")
     colocate: bool = Field(default=False, description="the policy model server (transformers) and the grpo trainer "
@@ -281,7 +286,8 @@ class Plan(StrictModel):
             problems.append("a guard needs a validation section (it compares validation rewards)")
         modes = {stage.apply for stage in self.stages} - {"none"}
         if len(modes) > 1:
-            problems.append(f"stages mix apply modes {sorted(modes)}: a run serves either merged GGUFs or LoRAs")
+            problems.append(f"stages mix apply modes {sorted(modes)}: a run serves one kind of weights (merged GGUFs, "
+                            "LoRAs, or full weights)")
         if "merged" in modes and self.stack.registry_file:
             problems.append("apply: merged restarts the stack's servers on the merged GGUF, so it needs "
                             "stack.configs; with stack.registry_file use apply: lora or none")
@@ -289,10 +295,15 @@ class Plan(StrictModel):
             problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
         problems += colocate_problems(self)
-        if self.colocate and self.orchestrator is not None and self.orchestrator.inflight_updates:
-            problems.append("orchestrator.inflight_updates: the co-located server publishes each step between "
-                            "batches and stamps every answer with its weights; in-flight updates are for a "
-                            "chat_completions stack in front of vLLM")
+        if self.orchestrator is not None and self.orchestrator.inflight_updates:
+            if self.colocate:
+                problems.append("orchestrator.inflight_updates: the co-located server publishes each step between "
+                                "batches and stamps every answer with its weights; in-flight updates are for a "
+                                "chat_completions stack in front of vLLM")
+            elif self.optimize is not None and self.optimize.finetune != "full":
+                problems.append("orchestrator.inflight_updates: a LoRA hot-load does not pause the engine, so nothing "
+                                "is aborted and continued; in-flight updates reload full weights (optimize.args."
+                                "finetune: full)")
         problems += self._sampling_problems() + self._full_weight_problems() + teacher_plan_problems(self._teachers())
         if problems:  # every one, one per line (load_plan gives each line the file and key)
             raise ValueError("\n".join(problems))
@@ -303,17 +314,7 @@ class Plan(StrictModel):
         return places + ([("teacher", self.teacher, self.optimize)] if self.optimize is not None else [])
 
     def _full_weight_problems(self) -> list[str]:
-        """Full weights are served as weights (apply: merged), never as the LoRA adapter that apply: lora and
-        mode: async hot-load: refused here rather than after the first step."""
-        problems = [f"stages[{i}].optimize.args.finetune: full trains every weight, which stages[{i}].apply: lora "
-                    "cannot serve (it hot-loads a LoRA adapter); use apply: merged or none, or finetune: lora"
-                    for i, stage in enumerate(self.stages)
-                    if stage.optimize.finetune == "full" and stage.apply == "lora"]
-        if self.mode == "async" and self.optimize is not None and self.optimize.finetune == "full" \
-                and not self.colocate:  # co-located, each step's weights are published in memory
-            problems.append("optimize.args.finetune: full cannot run with mode: async, which hot-loads every step's "
-                            "LoRA adapter (/v1/load_lora_adapter); use finetune: lora, or colocate: true")
-        return problems
+        return full_weight_problems(self)
 
     def _sampling_problems(self) -> list[str]:
         """An RL trainer computes the logprobs of the distribution that was sampled: its temperature must be
@@ -471,7 +472,9 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
         if stack.registry_file:
             servers = list(load_registry_file(stack.registry_file))
         else:
-            servers = list(load_stack(stack.configs, stack.resolved_overrides(plan.seed)).servers)
+            loaded = load_stack(stack.configs, stack.resolved_overrides(plan.seed))
+            servers = list(loaded.servers)
+            problems += reload_problems(plan, loaded.servers.get("policy_model"))
     except (ValueError, ConfigError) as exc:
         problems.append(("stack.registry_file" if stack.registry_file else "stack", str(exc)))
     else:
