@@ -56,12 +56,12 @@ def qwen_1_5b() -> Any:
     return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
 
 
-def served_folder(model: str, cache: Path) -> Path:
-    """The folder the replicas start on: the bundled model's servable copy, or the 1.5B shape with the bundled
-    tokenizer (its ids are a subset of the 151936-row vocabulary)."""
+def served_folder(model: str, cache: Path, bundled: Path | None = None) -> Path:
+    """The folder the replicas start on: the bundled model's servable copy (`bundled`, else written into the
+    cache), or the 1.5B shape with the bundled tokenizer (its ids are a subset of the 151936-row vocabulary)."""
     from rollgym.train.trainers.servable import save_servable, servable_base
 
-    bundled = servable_base("bundled", cache / "smollm2-135m")
+    bundled = bundled or servable_base("bundled", cache / "smollm2-135m")
     if model == "bundled":
         return bundled
     folder = cache / "qwen2.5-1.5b-shaped"
@@ -107,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="weights.dir: where replicas read (default /dev/shm/...); "
                                                      "'checkpoint': the checkpoint folder itself")
     parser.add_argument("--cache", default=str(REPO / ".cache" / "vllm"), help="where the served folders are kept")
+    parser.add_argument("--bundled", default=None, help="the bundled model's servable folder, if made already")
     parser.add_argument("--run", default=None, help="the run folder the checkpoints go to (default: a temp folder)")
     args = parser.parse_args(argv)
 
     from rollgym.testing.real_vllm import DEFAULT_ARGS, real_vllm
     from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
 
-    folder = served_folder(args.model, Path(args.cache))
+    folder = served_folder(args.model, Path(args.cache), Path(args.bundled) if args.bundled else None)
     dtype = "float32" if args.model == "bundled" else "bfloat16"
     vllm_args = ("--dtype", dtype, "--max-model-len", "2048", "--enforce-eager")
     results: list[dict[str, Any]] = []
