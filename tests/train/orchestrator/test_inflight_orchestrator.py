@@ -32,7 +32,7 @@ from tests.train.orchestrator.support import weather_row, write_rows
 KEPT = 3  # tokens each aborted generation keeps (the scripted backend's knob)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def stack() -> Iterator[tuple[dict[str, ServerAddress], ChatCompletionsModel, str]]:
     with ExitStack() as stack:
         backend = stack.enter_context(scripted_backend("--token-info", "--latency-ms", "400"))
@@ -97,3 +97,27 @@ def test_an_update_mid_generation_is_counted_by_the_oldest_token(stack, tmp_path
     assert step["policy_lag_max"] == mixed[0]["policy_lag"]
     assert sum(step["token_staleness"].values()) == sum(
         sum(r["token_lags"].values()) for batch in batches if batch.step == mixed[0]["step"] for r in batch.rollouts)
+
+
+def test_an_engine_left_paused_fails_the_rollout_as_a_model_error(stack):
+    """Past `resume_wait_s` the aborted generation is not continued: the rollout is a failure with its cause,
+    never a reward."""
+    registry, model, root = stack
+    model.config.resume_wait_s = 0.5
+    row = {**weather_row("Oslo"), "expected": ["snowy", "-3"]}
+
+    async def rollout() -> dict:
+        async with httpx.AsyncClient(timeout=60) as http:
+            run = asyncio.create_task(http.post(f"{registry['weather_agent'].url}/run", json=row))
+            while not (await http.get(f"{root}/scripted/running")).json()["running"]:
+                await asyncio.sleep(0.005)
+            await http.post(f"{root}/pause", params={"mode": "abort", "scripted_keep": KEPT})
+            try:
+                return (await run).json()
+            finally:
+                await http.post(f"{root}/resume")
+                model.config.resume_wait_s = 300.0
+
+    answer = asyncio.run(asyncio.wait_for(rollout(), 60))
+    assert answer["status"] == "model_error" and answer["reward"] is None
+    assert "still paused" in answer["error"]
