@@ -442,7 +442,8 @@ class ChatCompletionsModel(ModelServer):
         logprobs = [value for segment in segments for value in segment.logprobs]
         text = joined_text(await self._decode(backend, ids), choice.get("stop_reason")) if ids else ""
         last = next((segment for segment in reversed(segments) if segment.token_ids), segments[-1])
-        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids), "total_tokens": len(prompt_ids) + len(ids)}
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                 "total_tokens": len(prompt_ids) + len(ids)}
         return self._text_turn(chat_request, text, choice.get("finish_reason"), usage,
                                {"prompt_token_ids": list(prompt_ids), "generation_token_ids": ids,
                                 "generation_log_probs": logprobs}, last.model_version,
