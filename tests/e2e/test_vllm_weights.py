@@ -20,9 +20,9 @@ from rollgym.client import ServerAddress
 from rollgym.testing import scripted_backend, serve_in_thread
 from rollgym.train.loop.weights import FullWeights, WeightsConfig, WeightsRefused
 
-# vLLM's fp32 CPU forward against transformers' fp32 forward of the same weights: the largest gap per token
-# measured here was ~1e-4 (docs/train-loop.md, "Full weights on vLLM and SGLang"); a step of the size below
-# moves the logprobs of the sampled tokens by far more.
+# vLLM's fp32 CPU forward against the trainer's fp32 forward of the same weights: the per-token tolerance of
+# tests/e2e/test_real_vllm.py (measured there); the made-up step below moves the logprobs of the
+# sampled tokens by more than ten times that.
 LOGPROB_TOLERANCE = 2e-3
 
 
