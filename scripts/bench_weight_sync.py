@@ -3,6 +3,7 @@
     python scripts/bench_weight_sync.py --model bundled --replicas 1
     python scripts/bench_weight_sync.py --model qwen1.5b --replicas 2 --steps 3
     python scripts/bench_weight_sync.py --model bundled --dir checkpoint     # replicas read the checkpoint itself
+    python scripts/bench_weight_sync.py --attach http://127.0.0.1:8000 --served-name smollm2 --bundled DIR
 
 Real vLLM replicas (`make vllm`'s `.venv-vllm`, started as rollgym.testing.real_vllm starts them) behind one
 models/chat_completions server, and the loop's own code (train/loop/weights.py) for what follows a step. The
@@ -108,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
                                                      "'checkpoint': the checkpoint folder itself")
     parser.add_argument("--cache", default=str(REPO / ".cache" / "vllm"), help="where the served folders are kept")
     parser.add_argument("--bundled", default=None, help="the bundled model's servable folder, if made already")
+    parser.add_argument("--attach", action="append", default=[], help="the root URL of a vLLM already serving "
+                        "the model (dev mode), instead of starting one; repeat it for several")
+    parser.add_argument("--served-name", default="policy", help="with --attach: the model name it serves")
     parser.add_argument("--run", default=None, help="the run folder the checkpoints go to (default: a temp folder)")
     args = parser.parse_args(argv)
 
@@ -121,12 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         run = Path(args.run) if args.run else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sync-")))
         started = time.perf_counter()
-        servers = [stack.enter_context(real_vllm(folder, served_model_name="policy", default_args=vllm_args))
-                   for _ in range(args.replicas)]
-        print(f"{args.replicas} vLLM replica(s) of {folder.name} ready in {time.perf_counter() - started:.0f} s",
+        urls = [f"{root.rstrip('/')}/v1" for root in args.attach]
+        name = args.served_name if args.attach else "policy"
+        urls += [stack.enter_context(real_vllm(folder, served_model_name=name, default_args=vllm_args)).url
+                 for _ in range(args.replicas - len(urls))]
+        print(f"{len(urls)} vLLM replica(s) of {folder.name} ready in {time.perf_counter() - started:.0f} s",
               file=sys.stderr)
-        pool = ChatCompletionsModel(ChatCompletionsConfig(base_url=[server.url for server in servers], model="policy",
-                                                          max_retries=0), name="policy_model")
+        pool = ChatCompletionsModel(ChatCompletionsConfig(base_url=urls, model=name, max_retries=0),
+                                    name="policy_model")
         url = stack.enter_context(serve_in_thread(pool))
         registry = {"policy_model": ServerAddress(url, role="models")}
         full = FullWeights(WeightsConfig(dir=args.dir), run, str(folder), log=lambda m: print(m, file=sys.stderr))
@@ -140,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             checkpoint = run / f"step-{number:03d}" / "model"
             write_checkpoint(weights, checkpoint)
             written = time.perf_counter() - t0
-            version = f"policy@step-{number:03d}"
+            version = f"{name}@step-{number:03d}"
             sync = full.publish(registry, "policy_model", checkpoint, version)
             total = time.perf_counter() - t0
             assert sync.counted, sync.summary()
@@ -154,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append(line)
             if number > 1:
                 shutil.rmtree(run / f"step-{number - 1:03d}", ignore_errors=True)
+        if args.attach:  # attached servers go back to the weights they started on
+            full.publish(registry, "policy_model", folder, "default")
     parts = ("write", "check", "stage", "reload", "version", "total")
     median = {part: round(statistics.median(line[part] for line in results), 3) for part in parts}
     print(json.dumps({"model": args.model, "replicas": args.replicas, "median": median,
