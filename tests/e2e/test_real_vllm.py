@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -331,26 +332,38 @@ CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "descriptio
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
+@lru_cache(maxsize=1)
+def smollm2_template() -> str:
+    """The bundled GGUF's own chat template (its metadata, read once, without loading the model)."""
+    import gguf
+
+    from rollgym.train.trainers.policy import bundled_gguf
+
+    field = gguf.GGUFReader(bundled_gguf()).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
 def embedded_rendering(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
     """What the embedded servers render: the tools lowered to text (rollgym.tool_calls), then the model's own
-    template (transformers' rendering, as the transformers server does)."""
+    template, compiled as the embedded server compiles templates (transformers' way)."""
+    from models.llamacpp.chat_format import compile_template
     from rollgym.tool_calls import plain_tool_messages
-    from rollgym.traces.tokens import load_tokenizer
 
-    return load_tokenizer("bundled").apply_chat_template(plain_tool_messages(messages, tools), tokenize=False,
-                                                          add_generation_prompt=True)
+    template, knows_tools = compile_template(smollm2_template())
+    assert not knows_tools  # SmolLM2's own template renders no tools: the reason for ours
+    return template.render(messages=plain_tool_messages(messages, tools), add_generation_prompt=True)
 
 
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
 def test_the_tools_template_renders_as_the_embedded_servers_do(name: str) -> None:
+    from models.llamacpp.chat_format import compile_template
     from rollgym.tool_calls import native_tool_messages
-    from rollgym.traces.tokens import load_tokenizer
 
     tools = None if name == "no system" else [CHAT_TOOL]
+    template, knows_tools = compile_template(TOOLS_TEMPLATE.read_text())
+    assert knows_tools
     messages = CONVERSATIONS[name]
-    rendered = load_tokenizer("bundled").apply_chat_template(
-        native_tool_messages(messages), tools=tools, chat_template=TOOLS_TEMPLATE.read_text(), tokenize=False,
-        add_generation_prompt=True)
+    rendered = template.render(messages=native_tool_messages(messages), tools=tools, add_generation_prompt=True)
     assert rendered == embedded_rendering(messages, tools)
 
 
