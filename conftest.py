@@ -11,11 +11,12 @@ server serves (a LoRA, weights) put it back as they found it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
-from rollgym.testing.real_vllm import VllmServer, missing_reason, real_vllm
+if TYPE_CHECKING:  # imported where used: a run that uses no vLLM needs none of rollgym's web stack here
+    from rollgym.testing.real_vllm import VllmServer
 
 REPO_ROOT = Path(__file__).resolve().parent
 VLLM_MODEL_DIR = REPO_ROOT / ".cache" / "vllm" / "smollm2-135m"
@@ -51,6 +52,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 @pytest.fixture(scope="session")
 def vllm_model_dir() -> Path:
     """The bundled model as vLLM serves it (fp32 safetensors, config, tokenizer), written once."""
+    from rollgym.testing.real_vllm import missing_reason
+
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -63,8 +66,10 @@ def vllm_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
-                pytestconfig: pytest.Config) -> Iterator[VllmServer]:
+                pytestconfig: pytest.Config) -> Iterator["VllmServer"]:
     """One real vLLM for the run, on a free port, stopped at its end."""
+    from rollgym.testing.real_vllm import real_vllm
+
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     pytestconfig.stash[_LOG_KEY] = log_path
     with real_vllm(vllm_model_dir, "--chat-template", str(TOOLS_TEMPLATE), "--enable-auto-tool-choice",

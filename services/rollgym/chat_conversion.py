@@ -121,6 +121,10 @@ def _convert_tools(tools: list[Any]) -> list[dict[str, Any]]:
             fn["description"] = tool["description"]
         if tool.get("parameters") is not None:
             fn["parameters"] = tool["parameters"]
+        # strict: true holds the backend to the schema (vLLM >= 0.32 pins the arguments by grammar); false is
+        # the default, left out.
+        if tool.get("strict") is True:
+            fn["strict"] = True
         out.append({"type": "function", "function": fn})
     return out
 

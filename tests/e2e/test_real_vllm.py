@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from contextlib import ExitStack
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -28,8 +29,8 @@ from rollgym.testing import serve_in_thread
 from rollgym.testing.real_vllm import VllmServer
 
 # The largest |vLLM logprob - trainer logprob| allowed per token: both run the same fp32 weights, with
-# different kernels (measured on this machine: see docs/vllm.md).
-TOLERANCE = 2e-3
+# different kernels; measured here at 3-6e-5 (models/chat_completions/README.md, "Against a real vLLM").
+TOLERANCE = 5e-4
 WEATHER = json.loads((Path(__file__).parents[2] / "resources_servers/weather/data/example.jsonl")
                      .read_text().splitlines()[0])
 FORCED = {"type": "function", "name": "get_weather"}
@@ -125,7 +126,9 @@ def test_weather_rollout_is_one_token_sequence(stack: dict[str, httpx.Client]) -
     # that extends the first turn's tokens.
     parsed_before = stack["model"].get("/backends").json()["parsing"]["generations"]
     row = json.loads(json.dumps(WEATHER))
-    row["responses_create_params"].update(tool_choice=FORCED, max_output_tokens=24, temperature=0.0, seed=3)
+    row["responses_create_params"].update(tool_choice=FORCED, max_output_tokens=64, temperature=0.0, seed=3)
+    # strict: vLLM holds the arguments to the schema (the tiny model would write a schema of its own otherwise).
+    row["responses_create_params"]["tools"][0]["strict"] = True
     reply = stack["agent"].post("/run", json=row)
     assert reply.status_code == 200, reply.text
     result = reply.json()
@@ -143,7 +146,10 @@ def test_weather_rollout_is_one_token_sequence(stack: dict[str, httpx.Client]) -
     # The tool's answer is in the sequence as environment tokens (mask 0), decoded by vLLM's tokenizer.
     added = [t for t, mask in zip(sequence["completion_ids"], sequence["completion_mask"]) if mask == 0]
     text = stack["model"].post("/detokenize", json={"tokens": added}).json()["text"]
-    assert text.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n") and "</tool_response>" in text
+    output = result["response"]["output"][1]["output"]
+    # The model ended its turn itself (<|im_end|> is its last token): only the template's newline was added.
+    assert first["generation_token_ids"][-1] == 2
+    assert text == f"\n<|im_start|>user\n<tool_response>\n{output}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     # The second turn went through /v1/completions, its raw text parsed here.
     assert stack["model"].get("/backends").json()["parsing"]["generations"] == parsed_before + 1
 
@@ -228,9 +234,11 @@ def test_score_is_the_trainers_logprobs(stack: dict[str, httpx.Client], trainer_
 
 
 def shape(value: Any) -> Any:
-    """A JSON value's shape: objects keep their keys, lists their first element's shape, the rest a type name."""
+    """A JSON value's shape: objects keep their keys (a token as a key, `token_id:N` or `N`, becomes `<token>`),
+    lists their first element's shape, the rest a type name."""
     if isinstance(value, dict):
-        return {key: shape(item) for key, item in value.items()}
+        return {("<token>" if key.removeprefix("token_id:").isdigit() else key): shape(item)
+                for key, item in value.items()}
     if isinstance(value, list):
         return [shape(value[0])] if value else []
     return type(value).__name__
@@ -251,7 +259,7 @@ def differences(real: Any, fake: Any, where: str = "") -> list[str]:
 
 def exchanges(root: str, model: str, prompt: list[int]) -> dict[str, tuple[int, Any]]:
     """The same requests to a vLLM-shaped server: name -> (status, JSON body's shape or the text's type)."""
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    tool = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     token_info = {"logprobs": True, "return_token_ids": True, "return_tokens_as_token_ids": True}
@@ -267,8 +275,8 @@ def exchanges(root: str, model: str, prompt: list[int]) -> dict[str, tuple[int, 
             "return_token_ids": True, "return_tokens_as_token_ids": True}),
         "prompt_logprobs": ("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 1,
                                                         "prompt_logprobs": 0, "temperature": 1.0}),
-        "context_too_long": ("POST", "/v1/chat/completions", {"model": model, "messages": messages,
-                                                              "max_tokens": 100_000}),
+        "context_too_long": ("POST", "/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": "hi " * 2100}], "max_tokens": 1}),
         "tokenize_chat": ("POST", "/tokenize", {"model": model, "messages": messages, "add_generation_prompt": True,
                                                 "tools": [tool]}),
         "tokenize_text": ("POST", "/tokenize", {"model": model, "prompt": "hello", "add_special_tokens": False}),
@@ -314,22 +322,34 @@ CONVERSATIONS = {
         {"role": "tool", "tool_call_id": "b", "content": "rain, 14 C"},
         {"role": "assistant", "content": "Sunny in Paris, rain in Rome."},
         {"role": "user", "content": "Thanks"}],
-    "developer, tools, no system": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "developer and tools": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    "tools, no system": [{"role": "user", "content": "Weather in Oslo?"}, {"role": "assistant", "content": None,
+                         "tool_calls": [{"id": "c", "type": "function", "function": {
+                             "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                         {"role": "tool", "tool_call_id": "c", "content": "snow"}],
 }
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
-def embedded_rendering(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-    """What the embedded servers render: the tools lowered to text (rollgym.tool_calls), then the GGUF's template."""
+@lru_cache(maxsize=1)
+def smollm2_template() -> str:
+    """The bundled GGUF's own chat template (its metadata, read once, without loading the model)."""
     import gguf
 
-    from models.llamacpp.chat_format import compile_template
-    from rollgym.tool_calls import plain_tool_messages
     from rollgym.train.trainers.policy import bundled_gguf
 
     field = gguf.GGUFReader(bundled_gguf()).fields["tokenizer.chat_template"]
-    template, knows_tools = compile_template(bytes(field.parts[field.data[0]]).decode())
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def embedded_rendering(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    """What the embedded servers render: the tools lowered to text (rollgym.tool_calls), then the model's own
+    template, compiled as the embedded server compiles templates (transformers' way)."""
+    from models.llamacpp.chat_format import compile_template
+    from rollgym.tool_calls import plain_tool_messages
+
+    template, knows_tools = compile_template(smollm2_template())
     assert not knows_tools  # SmolLM2's own template renders no tools: the reason for ours
     return template.render(messages=plain_tool_messages(messages, tools), add_generation_prompt=True)
 

@@ -53,6 +53,8 @@ CHAT_WEATHER_TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+# WEATHER_TOOL as a chat tool: its strict: true goes along (false, the default, would be left out).
+STRICT_CHAT_WEATHER_TOOL = {"type": "function", "function": {**CHAT_WEATHER_TOOL["function"], "strict": True}}
 
 
 def _validate_item(item: dict) -> None:
@@ -245,7 +247,7 @@ def test_tools_tool_choice_and_sampling_params():
     assert cc.responses_to_chat_request(params) == {
         "model": "m",
         "messages": [{"role": "user", "content": "q"}],
-        "tools": [CHAT_WEATHER_TOOL, {"type": "function", "function": {"name": "noop"}}],
+        "tools": [STRICT_CHAT_WEATHER_TOOL, {"type": "function", "function": {"name": "noop"}}],
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
         "max_tokens": 64,
         "temperature": 0.7,
@@ -561,8 +563,8 @@ def test_round_trip_responses_input_to_chat_and_back():
 
 def test_round_trip_tools():
     chat_tools = cc.responses_to_chat_request({"input": "q", "tools": [WEATHER_TOOL]})["tools"]
-    assert chat_tools == [CHAT_WEATHER_TOOL]
-    assert cc.chat_tools_to_responses_tools(chat_tools) == [{**WEATHER_TOOL, "strict": None}]
+    assert chat_tools == [STRICT_CHAT_WEATHER_TOOL]
+    assert cc.chat_tools_to_responses_tools(chat_tools) == [WEATHER_TOOL]
 
 
 def test_multi_turn_tool_conversation_feeds_output_back_as_input():

@@ -46,8 +46,12 @@ no parser can read (``<tool_call>NAME\n{ARGS`` with the arguments' closing brace
 whitespace-separated words with ``finish_reason: "length"``.
 When a system or user message contains ``Think first`` the toy model also "reasons": it
 generates ``<think>{THOUGHT}</think>`` before its reply; the chat answer carries the thought in
-``message.reasoning`` and ``message.reasoning_content`` (vLLM shape; vLLM >= 0.11 names it
-``reasoning``, earlier versions ``reasoning_content``) or ``message.reasoning_content`` (SGLang shape).
+``message.reasoning`` (vLLM shape: vLLM >= 0.11 names it ``reasoning``, earlier versions
+``reasoning_content``) or ``message.reasoning_content`` (SGLang shape).
+
+The vLLM shape is vLLM 0.32's, key for key (tests/e2e/test_real_vllm.py compares them with a real server's):
+the fields that carry no data here are there with vLLM's values (``refusal``, ``routed_experts``,
+``kv_transfer_params``, ... null; ``tool_calls`` only when there are calls), ``/health`` is an empty 200.
 
 Token info (``--token-info``, or a request with ``"logprobs": true`` or
 ``"return_token_ids": true``) mimics vLLM's OpenAI server (>= 0.10.2) shapes:
@@ -145,10 +149,30 @@ _FAILURE_TYPES = {500: "server_error", 503: "service_unavailable", 429: "rate_li
 _HANG_SECONDS = 3600.0
 _JSON = "application/json"
 
-_HEALTH_BODY = orjson.dumps({"status": "ok"})
-_MODELS_BODY = orjson.dumps(
-    {"object": "list", "data": [{"id": "scripted", "object": "model", "owned_by": "rollgym"}]}
-)
+_HEALTH_BODY = orjson.dumps({"status": "ok"})  # SGLang's shape; vLLM answers 200 with an empty body
+# What vLLM 0.32 puts in every answer beside the fields that carry data (tests/e2e/test_real_vllm.py compares).
+VLLM_VERSION = "0.32.0"
+_VLLM_EXTRAS = {"service_tier": None, "system_fingerprint": f"vllm-{VLLM_VERSION}-scripted",
+                "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None}
+_PERMISSION_KEYS = ("allow_create_engine", "allow_sampling", "allow_logprobs", "allow_search_indices", "allow_view",
+                    "allow_fine_tuning")
+
+
+def _usage(n_prompt: int, n_gen: int, shape: str) -> dict[str, Any]:
+    usage: dict[str, Any] = {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen}
+    if shape != "sglang":
+        usage.update(prompt_tokens_details=None, completion_tokens_details=None)
+    return usage
+
+
+def _model_card(name: str, root: str, parent: str | None, max_model_len: int) -> dict[str, Any]:
+    """One entry of vLLM's /v1/models: the base model, or an adapter (its path as root, the base as parent)."""
+    created = int(time.time())
+    permission = {"id": f"modelperm-{secrets.token_hex(8)}", "object": "model_permission", "created": created,
+                  **{key: key in ("allow_sampling", "allow_logprobs", "allow_view") for key in _PERMISSION_KEYS},
+                  "organization": "*", "group": None, "is_blocking": False}
+    return {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": root, "parent": parent,
+            "max_model_len": max_model_len, "permission": [permission]}
 
 # Byte pairs the --drift tokenizer merges into one token when it re-encodes assistant text.
 MERGES = ("th", "he", "in", "er", "an", "ea", "ou", "ar", "on", "es")
@@ -462,6 +486,13 @@ def _context_error(cfg: dict[str, Any], prompt_len: int, max_tokens: Any) -> web
         message = (f"The input ({prompt_len} tokens) is longer than the model's context length ({limit} tokens).")
         return _json_response({"object": "error", "message": message, "type": "BadRequestError",
                                "param": None, "code": 400}, 400)
+    if prompt_len > limit:  # vLLM 0.32's words
+        message = (f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                   f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. Please "
+                   f"reduce the length of the input prompt. (parameter=input_tokens, value={prompt_len})")
+        return _json_response({"error": {"message": message, "type": "BadRequestError", "param": "input_tokens",
+                                         "code": 400}}, 400)
+    # Older vLLM's, when the prompt fits but not with max_tokens (0.32 then shortens the generation instead).
     message = (f"This model's maximum context length is {limit} tokens. However, you requested {requested} tokens "
                f"({prompt_len} in the messages, {requested - prompt_len} in the completion). Please reduce the "
                "length of the messages or completion.")
@@ -550,6 +581,14 @@ def build_completion(
 
     want_tokens = token_info or bool(req.get("logprobs")) or bool(req.get("return_token_ids"))
     logprobs = {"content": _chat_logprob_entries(gen_ids, seed, as_ids=True, forced=forced)} if want_tokens else None
+    # vLLM 0.32's message: `reasoning` (older versions: reasoning_content), tool_calls only when there are some.
+    # A forced call (named or required tool_choice) comes with empty content, as vLLM's does.
+    forced_call = bool(tool_calls) and (isinstance(req.get("tool_choice"), dict) or req.get("tool_choice") == "required")
+    message: dict[str, Any] = {"role": "assistant", "content": "" if forced_call and content is None else content,
+                               "refusal": None, "annotations": None, "audio": None, "function_call": None,
+                               "reasoning": thought}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "id": f"chatcmpl-{secrets.token_hex(16)}",
         "object": "chat.completion",
@@ -558,23 +597,19 @@ def build_completion(
         "choices": [
             {
                 "index": 0,
-                "message": {
-                    "role": "assistant",
-                    "content": content,
-                    "tool_calls": tool_calls,
-                    "reasoning_content": thought,
-                    "reasoning": thought,
-                },
+                "message": message,
                 "logprobs": logprobs,
                 "finish_reason": finish,
                 "stop_reason": None,
                 "token_ids": gen_ids if want_tokens else None,
+                "routed_experts": None,
             }
         ],
-        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+        "usage": _usage(n_prompt, n_gen, shape),
         "prompt_token_ids": prompt_ids if want_tokens else None,
         "prompt_logprobs": None,
-        "system_fingerprint": None,
+        "prompt_text": None,
+        **_VLLM_EXTRAS,
     }
 
 
@@ -628,21 +663,29 @@ def build_text_completion(req: dict[str, Any], prompt_ids: list[int], *, seed: i
         "created": int(time.time()),
         "model": req.get("model") or "scripted",
         "choices": [choice],
-        "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+        "usage": _usage(n_prompt, n_gen, shape),
+        **(_VLLM_EXTRAS if shape != "sglang" else {}),
     }
 
 
-async def _health(_: web.Request) -> web.Response:
-    return web.Response(body=_HEALTH_BODY, content_type=_JSON)
+async def _health(request: web.Request) -> web.Response:
+    if request.app[_CONFIG]["shape"] == "sglang":
+        return web.Response(body=_HEALTH_BODY, content_type=_JSON)
+    return web.Response(status=200)
 
 
 async def _models(request: web.Request) -> web.Response:
+    cfg = request.app[_CONFIG]
     adapters = request.app[_ADAPTERS]
-    if not adapters:
-        return web.Response(body=_MODELS_BODY, content_type=_JSON)
-    cards = [{"id": name, "object": "model", "owned_by": "rollgym", "root": path, "parent": "scripted"}
-             for name, path in adapters.items()]
-    return _json_response({"object": "list", "data": [*orjson.loads(_MODELS_BODY)["data"], *cards]})
+    limit = cfg["max_model_len"] or 32768
+    if cfg["shape"] == "sglang":
+        cards = [{"id": "scripted", "object": "model", "owned_by": "rollgym"},
+                 *({"id": name, "object": "model", "owned_by": "rollgym", "root": path, "parent": "scripted"}
+                   for name, path in adapters.items())]
+    else:
+        cards = [_model_card("scripted", "scripted", None, limit),
+                 *(_model_card(name, path, "scripted", limit) for name, path in adapters.items())]
+    return _json_response({"object": "list", "data": cards})
 
 
 def _adapter_of(app: web.Application, model: Any) -> str | None:
