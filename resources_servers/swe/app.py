@@ -199,6 +199,8 @@ class SweServer(ResourcesServer):
         info = await self.provider.prepare()
         modes = {host.get("mode") for host in info.get("hosts", [info])}
         self._namespaced = modes == {"namespaces"}
+        # The index of what the sandbox shows (for hidden()) takes seconds: made now, not at the first seed.
+        self._index_task = asyncio.create_task(asyncio.to_thread(solution_copies, "", self._roots()))
         if modes != {"namespaces"} and not self.config.allow_weak_isolation:
             raise ServerStartError(f"swe: workspaces here run in mode {sorted(modes)}, without namespaces; "
                                    "set allow_weak_isolation: true to accept that")
@@ -247,12 +249,14 @@ class SweServer(ResourcesServer):
         return str(target)
 
     # --- sessions ---------------------------------------------------------------------------------
+    def _roots(self) -> tuple[str, ...]:
+        return sandbox_roots(self.config.toolchain or sys.prefix)
+
     async def hidden(self, task: SweTask) -> tuple[str, ...]:
         """The folders of the system or the toolchain that hold a copy of the task's fix: its sandboxes see
         them empty (leaks.py; a vendored copy of the library would hand the model the answer)."""
         if task.instance_id not in self._hidden:
-            roots = sandbox_roots(self.config.toolchain or sys.prefix)
-            copies = await asyncio.to_thread(solution_copies, task.patch, roots)
+            copies = await asyncio.to_thread(solution_copies, task.patch, self._roots())
             self._hidden[task.instance_id] = tuple(sorted({os.path.dirname(path) for path in copies}))
         return self._hidden[task.instance_id]
 

@@ -9,8 +9,8 @@ runs again. A bug is kept when at least one passing test fails and the run ended
 the repository with the bug committed (`base_commit`), the fix as `patch`, the tests it broke as
 `FAIL_TO_PASS`, the other passing tests of the same test files as `PASS_TO_PASS`, and an issue text
 written from the failing tests (their names and pytest's messages; never the bug's place). A bug whose
-fix can be read in a copy of the library that the sandbox shows (the system's or the toolchain's
-vendored copies, leaks.py) is refused. Tasks are
+fix can be read in a copy of the library in the toolchain (a vendored copy, leaks.py) is refused; copies
+in the serving machine's system folders are hidden by the server at serve time. Tasks are
 split into train and validation by a hash of their id. Every run is made twice: a test that does
 not pass both clean runs is left out, and a bug whose two runs break different tests is dropped
 (a random-replacement cache's tests pass or fail by chance). `validate.py` then checks every task in the
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .app import tool_schemas
-from .leaks import sandbox_roots, solution_copies
+from .leaks import solution_copies
 from .mutate import KINDS, Mutation, mutations
 from .repos import DEFAULT_CACHE, DEFAULT_REPOS, LIBRARIES, Library, clean_repo, commit_task, git
 from .testlog import GOOD, failure_messages, parse_pytest
@@ -141,7 +141,7 @@ def generate_library(lib: Library, count: int, repos: Path, cache: Path, seed: i
                 (work / module).write_text(original)
             if not finished or not broken or len(broken) == len(passing):
                 continue
-            copies = solution_copies(fix, sandbox_roots(os.path.dirname(os.path.dirname(TOOLCHAIN_PYTHON))))
+            copies = solution_copies(fix, (sys.prefix,))
             if copies:  # the sandbox shows the toolchain: a copy of the fix there is the answer, readable
                 log(f"  refused ({mutation.kind} in {mutation.function}): its fix is readable in {copies[0]}")
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path, PurePosixPath
 
 from rollgym.sandbox import DEFAULT_EXPOSE
@@ -18,16 +19,25 @@ from rollgym.sandbox import DEFAULT_EXPOSE
 from .patch import split_patch
 
 
-@functools.lru_cache(maxsize=8)
+_INDEX_LOCK = threading.Lock()
+
+
 def _index(roots: tuple[str, ...]) -> dict[tuple[str, str], tuple[str, ...]]:
-    """{(folder name, file name): paths} of the Python files under the roots (links not followed)."""
+    """{(folder name, file name): paths} of the Python files under the roots (links not followed); made once
+    per process and set of roots (a walk of /usr takes seconds)."""
+    with _INDEX_LOCK:
+        return _walk(roots)
+
+
+@functools.lru_cache(maxsize=8)
+def _walk(roots: tuple[str, ...]) -> dict[tuple[str, str], tuple[str, ...]]:
     found: dict[tuple[str, str], list[str]] = {}
-    seen: set[str] = set()
+    seen: list[str] = []
     for root in roots:
         real = os.path.realpath(root)
-        if real in seen or not os.path.isdir(real):
-            continue
-        seen.add(real)
+        if any(real == done or real.startswith(done + os.sep) for done in seen) or not os.path.isdir(real):
+            continue  # /lib is /usr/lib on a merged-/usr system: walked once
+        seen.append(real)
         for directory, _, files in os.walk(root):  # under the path the sandbox shows (a venv may be a link)
             folder = os.path.basename(directory)
             for name in files:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from resources_servers.swe import grader
+from resources_servers.swe.leaks import solution_copies
 from resources_servers.swe.patch import describe, graded_part, left_out_because, split_patch, task_test_paths
 
 
@@ -94,3 +95,17 @@ def test_the_diff_is_read_exactly_or_refused() -> None:
 
 def test_the_runner_is_a_file_of_its_own() -> None:
     assert Path(grader.RUNNER).is_file() and "ROLLGYM-REPORT" in grader.runner_source()
+
+
+def test_a_copy_of_the_fix_where_the_sandbox_can_read_it_is_found(tmp_path: Path) -> None:
+    patch = ("diff --git a/parse/__init__.py b/parse/__init__.py\n--- a/parse/__init__.py\n+++ b/parse/__init__.py\n"
+             "@@ -1,2 +1,4 @@\n     m = search()\n+    if m is None:\n+        return None\n     return m\n")
+    fixed = tmp_path / "toolchain" / "lib" / "_vendor" / "parse" / "__init__.py"
+    buggy = tmp_path / "system" / "parse" / "__init__.py"
+    for path, text in ((fixed, "def f():\n    m = search()\n    if m is None:\n        return None\n    return m\n"),
+                       (buggy, "def f():\n    m = search()\n    return m\n")):
+        path.parent.mkdir(parents=True)
+        path.write_text(text)
+    roots = (str(tmp_path / "system"), str(tmp_path / "toolchain"))
+    assert solution_copies(patch, roots) == [str(fixed)]
+    assert solution_copies(patch, (str(tmp_path / "system"),)) == []
