@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -210,25 +211,37 @@ def escape_table(repos: Path, uid_base: int) -> None:
         other.close()
 
 
-def bench_verify(repos: Path, count: int, uid_base: int) -> None:
-    """`/verify` of the gold patch, one rollout at a time (after one warm-up): the grader's whole cost."""
+def bench_verify(repos: Path, count: int, uid_base: int, submit: bool = True) -> None:
+    """`/verify` of the gold patch, one rollout at a time (after one warm-up): the grader's whole cost (without
+    `submit`, the patch is taken from the workspace inside /verify)."""
     config = SweServerConfig(repos_dir=str(repos), pool_size=2, sandbox_uid_base=uid_base, sandbox_uid_count=16)
-    walls, tests = [], []
+    walls, tests, cpus = [], [], []
     with serve_in_thread(SweServer(config, name="swe")) as url:
         for n in range(count + 1):
             with httpx.Client(base_url=url, timeout=300) as http:
                 http.post("/seed_session", json=ROW)
                 for call in editor_calls(ROW["patch"]):
                     http.post("/str_replace_editor", json=call)
-                http.post("/submit", json={})
-                started = time.monotonic()
+                if submit:
+                    http.post("/submit", json={})
+                time.sleep(0.5)  # the warm pool's refill (a copy of the repository) is not the verify's
+                started, cpu = time.monotonic(), cpu_s()
                 answer = http.post("/verify", json={**ROW, "response": final_response("done")}).json()
                 if n:  # the first one builds the template
                     walls.append(time.monotonic() - started)
+                    cpus.append(cpu_s() - cpu)
                     tests.append(answer.get("test_wall_s") or 0.0)
                 assert answer["reward"] == 1.0, answer
-    print(f"/verify of the gold patch, {count}x one at a time: {ms(walls)}; of which the test command "
-          f"{ms(tests)}")
+    print(f"/verify of the gold patch ({'submitted' if submit else 'not submitted'}), {count}x one at a time: "
+          f"{ms(walls)}; of which the test command "
+          f"{ms(tests)}; CPU (server and every sandbox process) {ms(cpus)}")
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process (the server runs in a thread of it) and of its reaped children (the
+    launchers, and through them every process of every sandbox): a figure that a busy machine does not skew."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def main() -> int:
@@ -244,6 +257,7 @@ def main() -> int:
         build([ROW], repos)
         if args.only == "verify":
             bench_verify(repos, args.verifies, uid_base)
+            bench_verify(repos, args.verifies, uid_base, submit=False)
             return 0
         server = SweServer(SweServerConfig(repos_dir=str(repos), templates_dir=str(Path(folder) / "templates")), name="t")
         import asyncio
@@ -257,6 +271,7 @@ def main() -> int:
         bench_concurrent(template, args.sessions, uid_base + 100)
         escape_table(repos, uid_base + 180)
         bench_verify(repos, args.verifies, uid_base + 160)
+        bench_verify(repos, args.verifies, uid_base + 160, submit=False)
     return 0
 
 
