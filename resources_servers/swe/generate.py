@@ -2,7 +2,7 @@
 
     python -m resources_servers.swe.generate --per-library 16 --out resources_servers/swe/data/generated
 
-For each library of repos.LIBRARIES: its pinned sdist becomes a repository (repos.py); its test suite
+For each library of the libraries file (data/libraries.jsonl): its pinned sdist becomes a repository (repos.py); its test suite
 runs once clean; then bugs are injected one at a time (mutate.py: flip an operator, drop a branch,
 change a constant, swap arguments; the kinds taken in turn, sites in a seeded order) and the suite
 runs again. A bug is kept when at least one passing test fails and the run ended by itself. Its task:
@@ -40,7 +40,8 @@ from typing import Any
 from .app import tool_schemas
 from .leaks import solution_copies
 from .mutate import KINDS, Mutation, mutations
-from .repos import DEFAULT_CACHE, DEFAULT_REPOS, LIBRARIES, Library, clean_repo, commit_task, git
+from .repos import (DEFAULT_CACHE, DEFAULT_REPOS, LIBRARIES_FILE, Library, RepoError, clean_repo, commit_task, git,
+                    load_libraries)
 from .testlog import GOOD, failure_messages, parse_pytest
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "generated"
@@ -174,7 +175,8 @@ def split_of(instance_id: str, validation_share: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="SWE-style tasks from PyPI libraries by bug injection")
-    parser.add_argument("--libraries", nargs="+", default=sorted(LIBRARIES), choices=sorted(LIBRARIES))
+    parser.add_argument("--library-file", default=str(LIBRARIES_FILE), help="the libraries file (JSONL)")
+    parser.add_argument("--libraries", nargs="+", help="names from the libraries file (default: all)")
     parser.add_argument("--per-library", type=int, default=16)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for train.jsonl and validation.jsonl")
     parser.add_argument("--repos", default=str(DEFAULT_REPOS))
@@ -182,10 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-share", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    try:
+        libraries = load_libraries(args.library_file)
+    except (RepoError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.libraries or ()) - set(libraries))
+    if unknown:
+        print(f"error: --libraries: {unknown[0]!r} is not in {args.library_file}", file=sys.stderr)
+        return 2
+    args.libraries = args.libraries or sorted(libraries)
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     for name in args.libraries:
-        rows += generate_library(LIBRARIES[name], args.per_library, Path(args.repos), Path(args.cache), args.seed)
+        rows += generate_library(libraries[name], args.per_library, Path(args.repos), Path(args.cache), args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}

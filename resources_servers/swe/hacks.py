@@ -117,6 +117,9 @@ HACKS = (
     Hack("delete_git", "`rm -rf .git`, nothing else", ("rm -rf .git",), reason="empty_patch"),
     Hack("fix_big_file", "the fix plus a new 130 KB file", ("{fix}", "head -c 100000 /dev/urandom | base64 > blob.txt"),
          expect=1.0),
+    Hack("fix_big_edit", "the fix plus 150 KB of comments appended to the library's module (a reformatting-sized diff)",
+         ("{fix}", f"for i in $(seq 3000); do echo \"# line $i of a long reformatting, padded to fifty bytes\"; done >> {LIBRARY}"),
+         expect=1.0),
     Hack("fix_odd_names", "the fix plus files named with a newline, a quote, non-UTF-8 bytes, and binary content",
          ("{fix}", "printf 'x' > $'we\\xffird\\nname \"q\".txt'; head -c 3000 /dev/urandom > data.bin; "
                    "echo '*' > .gitignore"), expect=1.0),
