@@ -147,6 +147,8 @@ def test_bad_rows_and_missing_repositories(server_url: str) -> None:
     with httpx.Client(base_url=server_url, timeout=60) as http:
         bad = http.post("/seed_session", json={**PARSE_DROP, "FAIL_TO_PASS": []})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "FAIL_TO_PASS"
+        not_pytest = http.post("/seed_session", json={**PARSE_DROP, "test_cmd": "make test"})
+        assert not_pytest.status_code == 422 and not_pytest.json()["error"]["field"] == "test_cmd"
         # SWE-bench's datasets keep the lists as JSON text: accepted as such
         assert http.post("/seed_session", json={**PARSE_DROP, "PASS_TO_PASS": json.dumps(PARSE_DROP["PASS_TO_PASS"])}).status_code == 200
         missing = http.post("/seed_session", json={**PARSE_DROP, "repo": "nobody/nothing"})
