@@ -59,7 +59,8 @@ def diff_script(base_git: str, max_bytes: int) -> str:
             "git read-tree HEAD || exit 7\n"
             # -f: files .gitignore'd are the model's changes too (the template was committed with -f)
             "git add -A -f -- . >/dev/null || exit 7\n"
-            "git diff --cached --binary --full-index --no-renames --no-ext-diff --no-textconv HEAD "
+            # a repository nested in the workspace is not part of the patch (git would record a bare gitlink)
+            "git diff --cached --binary --full-index --no-renames --no-ext-diff --no-textconv --ignore-submodules=all HEAD "
             "> \"$SANDBOX_INPUT/patch\" || exit 7\n"
             "size=$(stat -c %s \"$SANDBOX_INPUT/patch\")\n"
             f"if [ \"$size\" -gt {int(max_bytes)} ]; then echo \"too_large $size\"; exit 0; fi\n"
