@@ -434,10 +434,9 @@ class SweServer(ResourcesServer):
         log = clip(run.stderr, 2000)
         if run.killed_reason:
             return nothing(f"tests_killed: {run.killed_reason}", test_log_tail=log, test_wall_s=run.wall_s)
-        if run.exit_code == 3:
-            return nothing(f"model_patch_does_not_apply: {' '.join(run.stderr.split())[-300:]}")
-        if run.exit_code == 4:
-            return nothing(f"test_patch_does_not_apply: {' '.join(run.stderr.split())[-300:]}")
+        for which in ("model", "test"):
+            if run.stdout.startswith(f"not_applied: {which}\n"):
+                return nothing(f"{which}_patch_does_not_apply: {' '.join(run.stderr.split())[-300:]}")
         report = grader.read_report(run.stdout, key)
         if report is None:
             return nothing("no_test_report: the test process ended without the runner's report"

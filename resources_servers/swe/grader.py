@@ -94,7 +94,8 @@ def new_key() -> str:
 
 
 def grade_script(env: dict[str, str], args: list[str], tests: list[str], has_test_patch: bool) -> str:
-    """Apply the graded patch and test_patch (exit 3 / 4 when one does not apply), then run the tests."""
+    """Apply the graded patch and test_patch (a line `not_applied: model|test` when one does not apply: an exit
+    status alone could come from the tests), then run the tests."""
     clean_env = ["PATH=\"$PATH\"", "LANG=C.UTF-8", "HOME=\"$SANDBOX_INPUT/home\"", "TMPDIR=/tmp",
                  "PYTHONDONTWRITEBYTECODE=1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1", "COLUMNS=200"]
     clean_env += [f"{name}={shlex.quote(value)}" for name, value in env.items() if name != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"]
@@ -102,11 +103,11 @@ def grade_script(env: dict[str, str], args: list[str], tests: list[str], has_tes
     script = [GIT_ENV, "cd /workspace || exit 7", "mkdir -p \"$SANDBOX_INPUT/home\"",
               "if [ -s \"$SANDBOX_INPUT/model.patch\" ]; then",
               "  git apply --whitespace=nowarn \"$SANDBOX_INPUT/model.patch\" 2>&1 | tail -c 2000 >&2",
-              "  [ \"${PIPESTATUS[0]}\" = 0 ] || exit 3",
+              "  [ \"${PIPESTATUS[0]}\" = 0 ] || { echo 'not_applied: model'; exit 3; }",
               "fi"]
     if has_test_patch:
         script += ["git apply --whitespace=nowarn \"$SANDBOX_INPUT/test.patch\" 2>&1 | tail -c 2000 >&2",
-                   "[ \"${PIPESTATUS[0]}\" = 0 ] || exit 4"]
+                   "[ \"${PIPESTATUS[0]}\" = 0 ] || { echo 'not_applied: test'; exit 4; }"]
     script += [f"env -i {' '.join(clean_env)} python -I -B \"$SANDBOX_INPUT/runner.py\" {argv} "
                "3>\"$SANDBOX_INPUT/report\" >\"$SANDBOX_INPUT/log\" 2>&1",
                "status=$?",
