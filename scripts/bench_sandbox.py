@@ -1,8 +1,12 @@
 """Workspace sandboxes: start time (cold, warm pool), command latency, memory per sandbox, many
-concurrent sessions, and the escape table (each attempt made through the swe server's `bash` tool over
-HTTP: it must fail, come back as the tool's output, and leave the server healthy).
+concurrent sessions, the escape table (each attempt made through the swe server's `bash` tool over
+HTTP: it must fail, come back as the tool's output, and leave the server healthy), and the swe
+server's `/verify` (the gold patch through the editor, submitted, graded; one at a time).
 
-    python scripts/bench_sandbox.py [--sessions 64] [--opens 20]
+    python scripts/bench_sandbox.py [--sessions 64] [--opens 20] [--verifies 10] [--only verify]
+
+`--only verify` times `/verify` alone, over HTTP only, so the same script measures an older checkout
+(PYTHONPATH pointing at it) against this one.
 
 Prints figures as it goes. Needs root (namespaces, tmpfs, uids) for the figures that mean anything.
 """
@@ -13,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -27,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "services")]
 
 from resources_servers.swe.app import SweServer, SweServerConfig  # noqa: E402
+from resources_servers.swe.gold import editor_calls  # noqa: E402
 from resources_servers.swe.repos import build  # noqa: E402
 from rollgym.sandbox import LocalWorkspaces, WorkspaceLimits, uid_processes_of  # noqa: E402
 from rollgym.testing import final_response, serve_in_thread  # noqa: E402
@@ -170,6 +176,8 @@ ESCAPES = [
      lambda out, ctx: "MemoryError" in out),
     ("a process left after the session", "nohup sleep 1000 >/dev/null 2>&1 & setsid sleep 1000 & echo started",
      lambda out, ctx: not uid_processes_of(ctx["uid_range"])),
+    ("the launcher's configuration in /proc", "cat /proc/1/cmdline; ls /proc | grep -c '^[0-9]'; cat /proc/*/cmdline | tr '\\0' ' '",
+     lambda out, ctx: "No such file" in out and "launcher" not in out and "workspaces" not in out),
     ("read another session's workspace", "cat {other}/secret.txt; ls /workspace/..; find / -name secret.txt 2>/dev/null | head -3",
      lambda out, ctx: "the-other-secret" not in out),
 ]
@@ -203,15 +211,54 @@ def escape_table(repos: Path, uid_base: int) -> None:
         other.close()
 
 
+def bench_verify(repos: Path, count: int, uid_base: int, submit: bool = True) -> None:
+    """`/verify` of the gold patch, one rollout at a time (after one warm-up): the grader's whole cost (without
+    `submit`, the patch is taken from the workspace inside /verify)."""
+    config = SweServerConfig(repos_dir=str(repos), pool_size=2, sandbox_uid_base=uid_base, sandbox_uid_count=16)
+    walls, tests, cpus = [], [], []
+    with serve_in_thread(SweServer(config, name="swe")) as url:
+        for n in range(count + 1):
+            with httpx.Client(base_url=url, timeout=300) as http:
+                http.post("/seed_session", json=ROW)
+                for call in editor_calls(ROW["patch"]):
+                    http.post("/str_replace_editor", json=call)
+                if submit:
+                    http.post("/submit", json={})
+                time.sleep(0.5)  # the warm pool's refill (a copy of the repository) is not the verify's
+                started, cpu = time.monotonic(), cpu_s()
+                answer = http.post("/verify", json={**ROW, "response": final_response("done")}).json()
+                if n:  # the first one builds the template
+                    walls.append(time.monotonic() - started)
+                    cpus.append(cpu_s() - cpu)
+                    tests.append(answer.get("test_wall_s") or 0.0)
+                assert answer["reward"] == 1.0, answer
+    print(f"/verify of the gold patch ({'submitted' if submit else 'not submitted'}), {count}x one at a time: "
+          f"{ms(walls)}; of which the test command "
+          f"{ms(tests)}; CPU (server and every sandbox process) {ms(cpus)}")
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process (the server runs in a thread of it) and of its reaped children (the
+    launchers, and through them every process of every sandbox): a figure that a busy machine does not skew."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=64)
     parser.add_argument("--opens", type=int, default=20)
+    parser.add_argument("--verifies", type=int, default=10)
+    parser.add_argument("--only", choices=["verify"], help="run one part alone")
     args = parser.parse_args()
     uid_base = random.randrange(20000, 39000, 200)
     with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as folder:
         repos = Path(folder) / "repos"
         build([ROW], repos)
+        if args.only == "verify":
+            bench_verify(repos, args.verifies, uid_base)
+            bench_verify(repos, args.verifies, uid_base, submit=False)
+            return 0
         server = SweServer(SweServerConfig(repos_dir=str(repos), templates_dir=str(Path(folder) / "templates")), name="t")
         import asyncio
 
@@ -223,6 +270,8 @@ def main() -> int:
         bench_start(template, args.opens, uid_base)
         bench_concurrent(template, args.sessions, uid_base + 100)
         escape_table(repos, uid_base + 180)
+        bench_verify(repos, args.verifies, uid_base + 160)
+        bench_verify(repos, args.verifies, uid_base + 160, submit=False)
     return 0
 
 

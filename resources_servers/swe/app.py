@@ -4,23 +4,29 @@ A task is a SWE-bench instance (instance_id, repo, base_commit, problem_statemen
 PASS_TO_PASS, patch, test_patch, ...; SWE-bench / SWE-smith / SWE-Gym rows load unchanged). Each
 session gets a workspace (rollgym.sandbox) holding the repository at `base_commit` at /workspace;
 the tools are `bash`, `str_replace_editor` and `submit`, every command running in the session's
-sandbox. `/verify` takes the final diff (the submitted one, else the workspace's), applies it and
-then `test_patch` to a fresh copy in a fresh sandbox, runs both test lists and gives reward 1 when
-every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks (or, with `partial_credit`, the share
-of FAIL_TO_PASS passing while none breaks). A failure of the sandbox itself raises: env_error.
+sandbox. `/verify` takes the patch (the submitted one, else the workspace's: the base tree against the
+workspace's files, whatever the model did to git), leaves out what could change how the tests are
+collected or reported (patch.py), applies the rest and then `test_patch` to a fresh copy in a fresh
+sandbox, runs both test lists with the grader's own runner (pytest_runner.py, whose report carries a
+one-time key) and gives reward 1 when every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks
+(or, with `partial_credit`, the share of FAIL_TO_PASS passing while none breaks). Every 0 has a
+`reason`. A failure of the sandbox itself raises (env_error) and closes the session's workspace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import json
 import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,15 +37,27 @@ from rollgym import ResourcesServer, ResourcesServerConfig, RunRequest, Verdict,
 from rollgym.resources import EmptyArgs, ToolSpec
 from rollgym.sandbox import (FileAccessError, SandboxError, SandboxResult, WorkspaceLimits, WorkspaceProvider,
                              make_provider)
-from rollgym.server import JSONBytesResponse, ServerStartError
+from rollgym.server import BadRequest, JSONBytesResponse, ServerStartError
 
+from . import grader
 from .editor import EditError, EditorArgs, insert, str_replace, view_file
+from .leaks import sandbox_roots, solution_copies
+from .patch import describe, graded_part, printable, task_test_paths
 from .repos import DEFAULT_REPOS, TEST_CMD, RepoError, git, repo_dir_name
-from .testlog import grade, parse_pytest
+from .testlog import GOOD, grade
 
 FOLDER = Path(__file__).resolve().parent
-PATCH_FILE = ".rollgym-apply.patch"
 UNDO_DEPTH = 5
+BASE_GIT = "/run/base.git"  # where the diff command sees the template's repository (read-only)
+
+
+def _test_cmd(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            grader.parse_test_cmd(value)
+        except grader.TestCommandError as exc:
+            raise ValueError(str(exc)) from None
+    return value
 
 
 class SweTask(RunRequest):
@@ -54,6 +72,8 @@ class SweTask(RunRequest):
     patch: str = Field(default="", description="the gold patch (not shown to the model)")
     test_patch: str = Field(default="", description="applied before the tests run at /verify")
     test_cmd: str | None = Field(default=None, description="the test command (node ids appended); default: the server's")
+
+    _check_test_cmd = field_validator("test_cmd")(_test_cmd)
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -80,6 +100,8 @@ class BashArgs(BaseModel):
     def _command(cls, value: str) -> str:
         if not value.strip() or len(value) > 100_000:
             raise ValueError("must be a non-empty command of at most 100000 characters")
+        if "\0" in value:
+            raise ValueError("cannot hold a NUL byte")
         return value
 
     @field_validator("timeout")
@@ -112,6 +134,9 @@ class SweServerConfig(ResourcesServerConfig):
     output_chars: int = Field(default=10_000, ge=500, description="a tool's output shown to the model")
     partial_credit: bool = Field(default=False, description="reward = share of FAIL_TO_PASS passing (0 if one PASS_TO_PASS breaks)")
     test_cmd: str = Field(default=TEST_CMD, description="when the row has no test_cmd")
+    max_patch_kb: int = Field(default=4096, ge=1, description="a larger patch is graded 0 (patch_too_large)")
+
+    _check_test_cmd = field_validator("test_cmd")(_test_cmd)
     sandbox_uid_base: int = Field(default=62000, ge=1000)
     sandbox_uid_count: int = Field(default=512, ge=1)
 
@@ -167,10 +192,15 @@ class SweServer(ResourcesServer):
         self.templates = Path(c.templates_dir or tempfile.mkdtemp(prefix="rollgym-swe-templates-"))
         self._template_locks: dict[str, asyncio.Lock] = {}
         self._last_used: dict[str, float] = {}
+        self._namespaced = True
+        self._hidden: dict[str, tuple[str, ...]] = {}
 
     async def startup(self) -> None:
         info = await self.provider.prepare()
         modes = {host.get("mode") for host in info.get("hosts", [info])}
+        self._namespaced = modes == {"namespaces"}
+        # The index of what the sandbox shows (for hidden()) takes seconds: made now, not at the first seed.
+        self._index_task = asyncio.create_task(asyncio.to_thread(solution_copies, "", self._roots()))
         if modes != {"namespaces"} and not self.config.allow_weak_isolation:
             raise ServerStartError(f"swe: workspaces here run in mode {sorted(modes)}, without namespaces; "
                                    "set allow_weak_isolation: true to accept that")
@@ -219,10 +249,21 @@ class SweServer(ResourcesServer):
         return str(target)
 
     # --- sessions ---------------------------------------------------------------------------------
+    def _roots(self) -> tuple[str, ...]:
+        return sandbox_roots(self.config.toolchain or sys.prefix)
+
+    async def hidden(self, task: SweTask) -> tuple[str, ...]:
+        """The folders of the system or the toolchain that hold a copy of the task's fix: its sandboxes see
+        them empty (leaks.py; a vendored copy of the library would hand the model the answer)."""
+        if task.instance_id not in self._hidden:
+            copies = await asyncio.to_thread(solution_copies, task.patch, self._roots())
+            self._hidden[task.instance_id] = tuple(sorted({os.path.dirname(path) for path in copies}))
+        return self._hidden[task.instance_id]
+
     async def seed(self, task: SweTask, state: dict[str, Any]) -> None:
         await self._close_idle()
         template = await self.template(task)
-        ws = await self.provider.open(template)
+        ws = await self.provider.open(template, await self.hidden(task))
         self._last_used[ws] = time.monotonic()
         state.update(workspace=ws, template=template, history={}, submitted=None, commands=0)
 
@@ -237,17 +278,36 @@ class SweServer(ResourcesServer):
     def _workspace(self, state: dict[str, Any]) -> str:
         ws = state.get("workspace")
         if not ws:
-            raise SandboxError("this session has no workspace (call /seed_session first)")
+            why = state.get("closed") or "call /seed_session first"
+            raise BadRequest(f"this session has no workspace ({why})", field="session", status=409)
         self._last_used[ws] = time.monotonic()
         return ws
+
+    async def _close(self, state: dict[str, Any], why: str) -> None:
+        ws = state.get("workspace")
+        state.update(workspace=None, closed=why)
+        if ws:
+            self._last_used.pop(ws, None)
+            await self.provider.close(ws)
+
+    @asynccontextmanager
+    async def _closing_on_failure(self, state: dict[str, Any]):
+        """A sandbox failure ends the session: its workspace is closed now, not at the session's timeout."""
+        try:
+            yield
+        except SandboxError as exc:
+            await self._close(state, f"closed after a sandbox failure: {str(exc)[:200]}")
+            raise
 
     @tool
     async def bash(self, args: BashArgs, state: dict[str, Any]) -> str:
         """Run a bash command in the repository (/workspace) and see its output. Each call is a fresh shell: the
         files persist, background processes and `cd` do not. No network."""
+        ws = self._workspace(state)
         state["commands"] = state.get("commands", 0) + 1
-        # One stream, in the order it was written, as a terminal (and the agents' own bash tools) shows it.
-        result = await self.provider.exec(self._workspace(state), "exec 2>&1\n" + args.command, args.timeout)
+        async with self._closing_on_failure(state):
+            # One stream, in the order it was written, as a terminal (and the agents' own bash tools) shows it.
+            result = await self.provider.exec(ws, "exec 2>&1\n" + args.command, args.timeout)
         return format_result(result, self.config.output_chars)
 
     @tool
@@ -256,6 +316,10 @@ class SweServer(ResourcesServer):
         deep); `create` writes a new file; `str_replace` replaces old_str, which must occur exactly once, by
         new_str; `insert` puts new_str after line insert_line; `undo_edit` reverts the last edit of a file."""
         ws = self._workspace(state)
+        async with self._closing_on_failure(state):
+            return await self._edit(ws, args, state)
+
+    async def _edit(self, ws: str, args: EditorArgs, state: dict[str, Any]) -> str:
         history: dict[str, list[str | None]] = state.setdefault("history", {})
         path = args.path
         try:
@@ -295,66 +359,118 @@ class SweServer(ResourcesServer):
         except (EditError, FileAccessError) as exc:
             return f"Error: {exc}" if isinstance(exc, FileAccessError) else str(exc)
 
-    async def _diff(self, ws: str) -> str:
-        result = await self.provider.exec(ws, "git add -A >/dev/null 2>&1; "
-                                              "git -c core.fileMode=false diff --cached --binary HEAD", 60)
-        if result.exit_code != 0 or result.output_truncated:
-            raise SandboxError(f"git diff failed in the workspace: {format_result(result, 500)}")
-        return result.stdout
+    async def _diff(self, ws: str, template: str) -> tuple[bytes | None, str | None]:
+        """The task's base tree against the workspace's files: (patch, None) or (None, why not)."""
+        max_bytes = self.config.max_patch_kb * 1024
+        base_git = str(Path(template) / ".git")
+        inside = BASE_GIT if self._namespaced else base_git
+        result = await self.provider.exec(ws, 'bash "$SANDBOX_INPUT/diff.sh"', 120,
+                                          files={"diff.sh": grader.diff_script(inside, max_bytes)},
+                                          read_only=((base_git, BASE_GIT),),
+                                          output_bytes=grader.diff_output_bytes(max_bytes))
+        if result.killed_reason:
+            return None, f"patch_unreadable: the diff was killed ({result.killed_reason})"
+        if result.exit_code != 0:
+            return None, f"patch_unreadable: {' '.join(result.stderr.split())[-300:] or f'exit status {result.exit_code}'}"
+        return grader.read_diff(result.stdout)
 
     @tool
     async def submit(self, args: EmptyArgs, state: dict[str, Any]) -> str:
         """Submit your changes to the repository (its diff) as the solution; the task ends here."""
-        diff = await self._diff(self._workspace(state))
-        state["submitted"] = diff
-        files = [line[6:] for line in diff.splitlines() if line.startswith("+++ b/")]
-        return f"Submitted a patch touching {len(files)} file(s): {', '.join(files) or 'none'}."
+        ws = self._workspace(state)
+        async with self._closing_on_failure(state):
+            patch, why = await self._diff(ws, state["template"])
+        if patch is None:
+            return f"Error: the patch could not be taken ({why}); nothing was submitted."
+        state["submitted"] = base64.b64encode(patch).decode()
+        return describe(patch.decode("utf-8", "surrogateescape"))
 
     # --- the reward -------------------------------------------------------------------------------
     async def verify(self, request: SweTask, state: dict[str, Any]) -> Verdict:
-        ws = state.get("workspace")
-        diff = state.get("submitted")
-        if diff is None and ws:
-            diff = await self._diff(ws)
-        if ws:
-            self._last_used.pop(ws, None)
-            state["workspace"] = None
-            await self.provider.close(ws)
-        details: dict[str, Any] = {"model_patch": diff or "", "submitted": state.get("submitted") is not None,
-                                   "commands": state.get("commands", 0)}
-        n_f2p, n_p2p = len(request.FAIL_TO_PASS), len(request.PASS_TO_PASS)
-        zero = {"resolved": 0.0, "fail_to_pass": 0.0, "pass_to_pass": 0.0}
-        if not diff or not diff.strip():
-            return Verdict(0.0, zero, {**details, "reason": "empty_patch", "resolved": False})
-        fresh = await self.provider.open(await self.template(request))
+        ws, submitted = state.get("workspace"), state.get("submitted")
+        patch: bytes | None = base64.b64decode(submitted) if submitted is not None else None
+        why: str | None = None
         try:
-            for name, patch in (("model_patch", diff), ("test_patch", request.test_patch)):
-                if patch.strip() and not await self._apply(fresh, patch):
-                    return Verdict(0.0, zero, {**details, "reason": f"{name}_does_not_apply", "resolved": False})
-            tests = [*request.FAIL_TO_PASS, *request.PASS_TO_PASS]
-            command = f"{request.test_cmd or self.config.test_cmd} {' '.join(shlex.quote(t) for t in tests)}"
-            run = await self.provider.exec(fresh, command, self.config.test_timeout_s)
+            if patch is None and ws:
+                patch, why = await self._diff(ws, state["template"])
+        finally:
+            if ws:  # whatever happened, the model's workspace is done with
+                await self._close(state, "closed at /verify")
+        text = (patch or b"").decode("utf-8", "surrogateescape")
+        details: dict[str, Any] = {"model_patch": printable(text), "submitted": submitted is not None,
+                                   "commands": state.get("commands", 0)}
+        zero = {"resolved": 0.0, "fail_to_pass": 0.0, "pass_to_pass": 0.0}
+
+        def nothing(reason: str, **more: Any) -> Verdict:
+            return Verdict(0.0, zero, {**details, **more, "reason": reason, "resolved": False})
+
+        if why:
+            return nothing(why)
+        if not text.strip():
+            return nothing("empty_patch")
+        files, folders = task_test_paths([*request.FAIL_TO_PASS, *request.PASS_TO_PASS], request.test_patch)
+        graded, left_out = graded_part(text, files, folders)
+        details["left_out"] = [{**item, "path": printable(item["path"])} for item in left_out]
+        if not graded.strip():
+            return nothing("nothing_graded: every change is to a file left out of the graded copy ("
+                           + ", ".join(f"{printable(i['path'])}: {i['why']}" for i in left_out[:5]) + ")")
+        return await self._run_tests(request, graded.encode("utf-8", "surrogateescape"), details, nothing)
+
+    async def _run_tests(self, request: SweTask, graded: bytes, details: dict[str, Any], nothing: Any) -> Verdict:
+        env, args = grader.parse_test_cmd(request.test_cmd or self.config.test_cmd)
+        tests = [*request.FAIL_TO_PASS, *request.PASS_TO_PASS]
+        key = grader.new_key()
+        files: dict[str, str | bytes] = {"model.patch": graded, "runner.py": grader.runner_source()}
+        if request.test_patch.strip():
+            files["test.patch"] = request.test_patch
+        fresh = await self.provider.open(await self.template(request), await self.hidden(request))
+        try:
+            run = await self.provider.exec(fresh, 'bash "$SANDBOX_INPUT/grade.sh"', self.config.test_timeout_s,
+                                           stdin=f"{key}\n".encode(),
+                                           files={**files, "grade.sh": grader.grade_script(env, args, tests,
+                                                                                          "test.patch" in files)})
         finally:
             await self.provider.close(fresh)
-        results = parse_pytest(run.stdout + "\n" + run.stderr)
-        graded = grade(results, request.FAIL_TO_PASS, request.PASS_TO_PASS)
-        details.update(graded.details(), test_exit_code=run.exit_code, test_wall_s=run.wall_s,
-                       test_counts={"FAIL_TO_PASS": n_f2p, "PASS_TO_PASS": n_p2p})
+        log = clip(run.stderr, 2000)
         if run.killed_reason:
-            details["reason"] = f"tests_killed: {run.killed_reason}"
-        if not results:
-            details["test_log_tail"] = clip(run.stdout + run.stderr, 2000)
-        reward = graded.components["resolved"]
-        if self.config.partial_credit and graded.components["pass_to_pass"] == 1.0:
-            reward = graded.components["fail_to_pass"]
-        return Verdict(reward, graded.components, details)
+            return nothing(f"tests_killed: {run.killed_reason}", test_log_tail=log, test_wall_s=run.wall_s)
+        for which in ("model", "test"):
+            if run.stdout.startswith(f"not_applied: {which}\n"):
+                return nothing(f"{which}_patch_does_not_apply: {' '.join(run.stderr.split())[-300:]}")
+        report = grader.read_report(run.stdout, key)
+        if report is None:
+            return nothing("no_test_report: the test process ended without the runner's report"
+                           + (f" ({grader.log_reason(run.stderr)})" if grader.log_reason(run.stderr) else ""),
+                           test_log_tail=log, test_exit_code=run.exit_code)
+        results = {str(k): str(v) for k, v in report["tests"].items()}
+        graded_tests = grade(results, request.FAIL_TO_PASS, request.PASS_TO_PASS)
+        details.update(graded_tests.details(), test_exit_code=report.get("exit_status"), test_wall_s=run.wall_s,
+                       test_counts={"FAIL_TO_PASS": len(request.FAIL_TO_PASS), "PASS_TO_PASS": len(request.PASS_TO_PASS)})
+        tampered = [str(name) for name in report.get("tampered") or []]
+        if tampered:
+            return nothing(f"runner_tampered: the code under test replaced {', '.join(tampered[:8])}",
+                           tampered=tampered, test_log_tail=log)
+        reward = graded_tests.components["resolved"]
+        if self.config.partial_credit and graded_tests.components["pass_to_pass"] == 1.0:
+            reward = graded_tests.components["fail_to_pass"]
+        if not graded_tests.resolved:
+            details["reason"] = failure_reason(graded_tests.f2p, graded_tests.p2p, report, run.stderr)
+            details["test_log_tail"] = log
+        return Verdict(reward, graded_tests.components, details)
 
-    async def _apply(self, ws: str, patch: str) -> bool:
-        await self.provider.write_file(ws, PATCH_FILE, patch)
-        p = PATCH_FILE
-        applied = await self.provider.exec(
-            ws, f"(git apply --whitespace=nowarn {p} || patch --batch --fuzz=5 -p1 -i {p}) >/dev/null 2>&1; "
-                f"status=$?; rm -f {p}; exit $status", 60)
-        return applied.exit_code == 0
 
-
+def failure_reason(f2p: dict[str, str], p2p: dict[str, str], report: dict[str, Any], log: str) -> str:
+    """Why a run that reported did not resolve the task, in one line."""
+    errors = report.get("collect_errors") or []
+    failing = sorted(t for t, o in f2p.items() if o not in GOOD)
+    broken = sorted(t for t, o in p2p.items() if o not in GOOD)
+    if errors and any(o == "MISSING" for o in (*f2p.values(), *p2p.values())):
+        detail = grader.log_reason(str(errors[0].get("error", ""))) or grader.log_reason(log)
+        return f"collection_error: {errors[0].get('node') or 'the test files'}: {detail or 'could not be collected'}"
+    if all(o == "MISSING" for o in (*f2p.values(), *p2p.values())):
+        detail = grader.log_reason(log)
+        return f"no_tests_ran: pytest's exit status {report.get('exit_status')}" + (f" ({detail})" if detail else "")
+    if failing:
+        outcomes = sorted({f2p[t] for t in failing})
+        return f"fail_to_pass_failing: {len(failing)} of {len(f2p)} ({', '.join(outcomes)})"
+    return f"pass_to_pass_broken: {len(broken)} of {len(p2p)} ({', '.join(sorted({p2p[t] for t in broken}))})"

@@ -30,6 +30,8 @@ class EditorArgs(BaseModel):
         # Bounds checked here rather than declared in the schema (see BashArgs).
         if not self.path.strip() or len(self.path) > 4096:
             raise ValueError("path must be a non-empty path of at most 4096 characters")
+        if "\0" in self.path:
+            raise ValueError("path cannot hold a NUL byte")
         if self.insert_line is not None and self.insert_line < 0:
             raise ValueError("insert_line must be 0 or more")
         if self.view_range is not None and len(self.view_range) != 2:

@@ -2,13 +2,15 @@
 
     python -m resources_servers.swe.generate --per-library 16 --out resources_servers/swe/data/generated
 
-For each library of repos.LIBRARIES: its pinned sdist becomes a repository (repos.py); its test suite
+For each library of the libraries file (data/libraries.jsonl): its pinned sdist becomes a repository (repos.py); its test suite
 runs once clean; then bugs are injected one at a time (mutate.py: flip an operator, drop a branch,
 change a constant, swap arguments; the kinds taken in turn, sites in a seeded order) and the suite
 runs again. A bug is kept when at least one passing test fails and the run ended by itself. Its task:
 the repository with the bug committed (`base_commit`), the fix as `patch`, the tests it broke as
 `FAIL_TO_PASS`, the other passing tests of the same test files as `PASS_TO_PASS`, and an issue text
-written from the failing tests (their names and pytest's messages; never the bug's place). Tasks are
+written from the failing tests (their names and pytest's messages; never the bug's place). A bug whose
+fix can be read in a copy of the library in the toolchain (a vendored copy, leaks.py) is refused; copies
+in the serving machine's system folders are hidden by the server at serve time. Tasks are
 split into train and validation by a hash of their id. Every run is made twice: a test that does
 not pass both clean runs is left out, and a bug whose two runs break different tests is dropped
 (a random-replacement cache's tests pass or fail by chance). `validate.py` then checks every task in the
@@ -36,8 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from .app import tool_schemas
+from .leaks import solution_copies
 from .mutate import KINDS, Mutation, mutations
-from .repos import DEFAULT_CACHE, DEFAULT_REPOS, LIBRARIES, Library, clean_repo, commit_task, git
+from .repos import (DEFAULT_CACHE, DEFAULT_REPOS, LIBRARIES_FILE, Library, RepoError, clean_repo, commit_task, git,
+                    load_libraries)
 from .testlog import GOOD, failure_messages, parse_pytest
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "data" / "generated"
@@ -138,6 +142,10 @@ def generate_library(lib: Library, count: int, repos: Path, cache: Path, seed: i
                 (work / module).write_text(original)
             if not finished or not broken or len(broken) == len(passing):
                 continue
+            copies = solution_copies(fix, (sys.prefix,))
+            if copies:  # the sandbox shows the toolchain: a copy of the fix there is the answer, readable
+                log(f"  refused ({mutation.kind} in {mutation.function}): its fix is readable in {copies[0]}")
+                continue
             files = {test_file(t) for t in broken}
             keep = sorted(t for t in passing - set(broken) if test_file(t) in files)
             digest = hashlib.sha256(fix.encode()).hexdigest()[:8]
@@ -167,7 +175,8 @@ def split_of(instance_id: str, validation_share: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="SWE-style tasks from PyPI libraries by bug injection")
-    parser.add_argument("--libraries", nargs="+", default=sorted(LIBRARIES), choices=sorted(LIBRARIES))
+    parser.add_argument("--library-file", default=str(LIBRARIES_FILE), help="the libraries file (JSONL)")
+    parser.add_argument("--libraries", nargs="+", help="names from the libraries file (default: all)")
     parser.add_argument("--per-library", type=int, default=16)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for train.jsonl and validation.jsonl")
     parser.add_argument("--repos", default=str(DEFAULT_REPOS))
@@ -175,10 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validation-share", type=float, default=0.2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    try:
+        libraries = load_libraries(args.library_file)
+    except (RepoError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.libraries or ()) - set(libraries))
+    if unknown:
+        print(f"error: --libraries: {unknown[0]!r} is not in {args.library_file}", file=sys.stderr)
+        return 2
+    args.libraries = args.libraries or sorted(libraries)
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     for name in args.libraries:
-        rows += generate_library(LIBRARIES[name], args.per_library, Path(args.repos), Path(args.cache), args.seed)
+        rows += generate_library(libraries[name], args.per_library, Path(args.repos), Path(args.cache), args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}

@@ -10,7 +10,9 @@ the repository is rebuilt.
         --into .cache/swe/repos
 
 `--into` then holds `pypi__<library>/`, a git repository per library with a tag `task/<instance_id>`
-per task; the environment's `repos_dir` points there. Downloads go through `pip download` (the only
+per task; the environment's `repos_dir` points there. The libraries are data: `data/libraries.jsonl`
+(or `--libraries FILE`), one JSON object a line: `name`, `version`, `sha256` (of the sdist), `modules`
+(the files bugs go into), `pythonpath` (default `.`). Downloads go through `pip download` (the only
 network access) into a cache folder, checked against the pinned sha256.
 """
 
@@ -61,20 +63,41 @@ class Library:
         return f"PYTHONPATH={self.pythonpath} {TEST_CMD}"
 
 
-LIBRARIES = {lib.name: lib for lib in (
-    Library("inflection", "0.5.1", "1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417",
-            ("inflection/__init__.py",)),
-    Library("parse", "1.22.4", "706d458feed5a81b02768d3156e8070baf6cee7d150a3a3c0cd43101a875c3b5",
-            ("parse/__init__.py",)),
-    Library("toolz", "1.2.0", "9667a038e9d6ecba37995e26cb2f59ec6420b6ad8dd9677de59db9b956b08490",
-            ("toolz/itertoolz.py", "toolz/functoolz.py", "toolz/dicttoolz.py")),
-    Library("cachetools", "8.0.2", "30ac523adfc118b51d2b2e7bad8a0ddb31370dfe2700c7f10ca224f36ccf81e0",
-            ("src/cachetools/__init__.py", "src/cachetools/keys.py", "src/cachetools/func.py"), "src"),
-)}
+LIBRARIES_FILE = FOLDER / "data" / "libraries.jsonl"
 
 
 class RepoError(Exception):
     pass
+
+
+def load_libraries(path: Path | str = LIBRARIES_FILE) -> dict[str, Library]:
+    """The libraries tasks are generated from: one JSON object a line (name, version, sha256, modules,
+    pythonpath?); an error names the line and the key."""
+    libraries: dict[str, Library] = {}
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            entry = json.loads(line)
+        except ValueError as exc:
+            raise RepoError(f"{where}: not JSON ({exc})") from None
+        if not isinstance(entry, dict):
+            raise RepoError(f"{where}: must be a JSON object")
+        for key, kind in (("name", str), ("version", str), ("sha256", str), ("modules", list)):
+            if not isinstance(entry.get(key), kind) or not entry[key]:
+                raise RepoError(f"{where}: key {key!r} is required ({kind.__name__})")
+        unknown = set(entry) - {"name", "version", "sha256", "modules", "pythonpath"}
+        if unknown:
+            raise RepoError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+        if len(entry["sha256"]) != 64:
+            raise RepoError(f"{where}: key 'sha256' must be the sdist's 64 hex digits")
+        libraries[entry["name"]] = Library(entry["name"], entry["version"], entry["sha256"], tuple(entry["modules"]),
+                                           entry.get("pythonpath", "."))
+    return libraries
+
+
+LIBRARIES = load_libraries()
 
 
 def repo_dir_name(repo: str) -> str:
@@ -144,16 +167,18 @@ def commit_task(repo: Path, clean: str, instance_id: str, patch: str) -> str:
     return commit
 
 
-def build(rows: Iterable[dict[str, Any]], into: Path = DEFAULT_REPOS, cache: Path = DEFAULT_CACHE) -> dict[str, str]:
+def build(rows: Iterable[dict[str, Any]], into: Path = DEFAULT_REPOS, cache: Path = DEFAULT_CACHE,
+          libraries: dict[str, Library] | None = None) -> dict[str, str]:
     """Rebuild the repositories of generated task rows; every base_commit must come out the same."""
+    libraries = LIBRARIES if libraries is None else libraries
     made: dict[str, str] = {}
     clean: dict[str, tuple[Path, str]] = {}
     for row in rows:
         name = row["repo"].removeprefix("pypi/")
-        if name not in LIBRARIES:
-            raise RepoError(f"{row['instance_id']}: repo {row['repo']!r} is not a generated library")
+        if name not in libraries:
+            raise RepoError(f"{row['instance_id']}: repo {row['repo']!r} is not a library of the libraries file")
         if name not in clean:
-            clean[name] = clean_repo(LIBRARIES[name], into, cache)
+            clean[name] = clean_repo(libraries[name], into, cache)
         repo, root = clean[name]
         try:
             existing = git(repo, "rev-parse", "-q", "--verify", f"task/{row['instance_id']}^{{commit}}").strip()
@@ -175,9 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", nargs="+", required=True, help="generated task files (JSONL)")
     parser.add_argument("--into", default=str(DEFAULT_REPOS), help="where the repositories go")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="where the sdists are kept")
+    parser.add_argument("--libraries", default=str(LIBRARIES_FILE), help="the libraries file (JSONL)")
     args = parser.parse_args(argv)
     try:
-        made = build(read_rows(args.tasks), Path(args.into), Path(args.cache))
+        made = build(read_rows(args.tasks), Path(args.into), Path(args.cache), load_libraries(args.libraries))
     except (RepoError, OSError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

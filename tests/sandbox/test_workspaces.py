@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sysconfig
 import time
 import uuid
 from pathlib import Path
@@ -215,3 +216,35 @@ def test_a_path_exposed_below_tmp_is_seen_read_only_beside_the_private_tmp(tmp_p
     assert result.stdout.splitlines()[0] == "exposed"
     assert "Read-only file system" in result.stderr and not (tmp_path / "x").exists()
     assert "sandbox" in result.stdout.split()  # the private /tmp holds the work directory
+
+
+def test_a_session_has_its_own_tmp_inputs_and_read_only_views(workspaces: LocalWorkspaces, template: str,
+                                                              tmp_path: Path) -> None:
+    if workspaces.isolation.mode != "namespaces":
+        pytest.skip("needs the namespaces mode (root with CAP_SYS_ADMIN)")
+    shown = tmp_path / "shown"
+    (shown / "pkg").mkdir(parents=True)
+    (shown / "pkg" / "answer.py").write_text("ANSWER = 42\n")
+    os.chmod(tmp_path, 0o755)
+    hidden = os.path.join(sysconfig.get_paths()["purelib"], "_pytest")  # a folder of the toolchain (sys.prefix)
+    ws = workspaces.open(template, hide=(hidden,))
+    try:
+        made = workspaces.exec(ws, "t=$(mktemp) && echo kept > $t && echo $t; echo $TMPDIR; cat /proc/1/cmdline; "
+                                   "ls /proc | grep -c '^[0-9]'")
+        path, tmpdir, count = made.stdout.split("\n")[:3]
+        assert path.startswith("/tmp/tmp.") and tmpdir == "/tmp" and "No such file" in made.stderr and int(count) <= 3
+        assert workspaces.exec(ws, f"cat {path}").stdout == "kept\n"  # the session's /tmp persists
+        assert "tmp" not in workspaces.exec(ws, "ls -A").stdout.split()  # and is not in the workspace
+        # the disk limit counts /tmp and the workspace together
+        assert "No space left" in workspaces.exec(ws, "head -c 6M /dev/zero > /tmp/a; head -c 6M /dev/zero > b").stderr
+        ran = workspaces.exec(ws, f'cat "$SANDBOX_INPUT/note"; ls /run/shown; touch /run/shown/x; ls -A {hidden} | wc -l',
+                              files={"note": "private\n"}, read_only=((str(shown), "/run/shown"),))
+        assert ran.stdout.split("\n")[:3] == ["private", "pkg", "0"] and "Read-only file system" in ran.stderr
+        assert os.listdir(hidden)  # shown empty inside only
+        assert workspaces.exec(ws, 'echo ${SANDBOX_INPUT:-none}').stdout.strip() == "none"  # inputs are per command
+        with pytest.raises(FileAccessError, match="NUL"):
+            workspaces.read_file(ws, "a\0b")
+        with pytest.raises(ValueError, match="NUL"):
+            workspaces.exec(ws, "echo a\0b")
+    finally:
+        workspaces.close(ws)

@@ -4,13 +4,14 @@ a pinned PyPI library (inflection, the fastest suite) whose tasks rebuild to the
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
 
 from resources_servers.swe.generate import generate_library, split_of
 from resources_servers.swe.mutate import mutations
-from resources_servers.swe.repos import DEFAULT_CACHE, LIBRARIES, build, read_rows
+from resources_servers.swe.repos import DEFAULT_CACHE, LIBRARIES, RepoError, build, load_libraries, read_rows
 
 GENERATED = Path(__file__).resolve().parents[1] / "data" / "generated"
 SOURCE = '''\
@@ -57,3 +58,16 @@ def test_generated_tasks_fail_as_given_and_rebuild_identically(tmp_path: Path) -
         assert split_of(row["instance_id"], 0.2) in ("train", "validation")
     # The same rows, rebuilt from the sdist alone in another folder, give the same commits.
     assert build(rows, tmp_path / "elsewhere") == {r["instance_id"]: r["base_commit"] for r in rows}
+
+
+def test_the_libraries_are_a_data_file_checked_line_by_line(tmp_path: Path) -> None:
+    assert set(LIBRARIES) == {"inflection", "parse", "toolz", "cachetools"} and LIBRARIES["cachetools"].pythonpath == "src"
+    entry = {"name": "x", "version": "1", "sha256": "0" * 64, "modules": ["x/__init__.py"]}
+    for broken, message in (({**entry, "sha256": "abc"}, "'sha256'"), ({k: v for k, v in entry.items() if k != "modules"}, "'modules'"),
+                            ({**entry, "module": []}, "unknown key 'module'")):
+        path = tmp_path / "libraries.jsonl"
+        path.write_text(json.dumps(entry) + "\n" + json.dumps(broken) + "\n")
+        with pytest.raises(RepoError, match=f"libraries.jsonl:2: .*{message}"):
+            load_libraries(path)
+    path.write_text(json.dumps(entry) + "\n")
+    assert load_libraries(path)["x"].test_cmd.startswith("PYTHONPATH=. ")

@@ -6,6 +6,7 @@ patch 0, a sandbox/repository failure an HTTP 5xx (env_error), a bad row a 422 n
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,6 +25,9 @@ ROWS = [json.loads(line) for line in (FOLDER / "data" / "example.jsonl").read_te
 PARSE_DROP, TOOLZ_SWAP, PARSE_SWAP = ROWS[0], ROWS[1], ROWS[2]  # two libraries, three kinds of bug
 
 
+SERVERS: list[SweServer] = []  # the module's server, for the tests that break its sandbox on purpose
+
+
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repos = tmp_path_factory.mktemp("repos")
@@ -35,7 +39,9 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         raise
     config = SweServerConfig(repos_dir=str(repos), pool_size=1, sandbox_uid_base=random.randrange(40000, 59000, 100),
                              sandbox_uid_count=32, command_timeout_s=30, test_timeout_s=120)
-    with serve_in_thread(SweServer(config, name="swe")) as url:
+    server = SweServer(config, name="swe")
+    SERVERS.append(server)
+    with serve_in_thread(server) as url:
         yield url
 
 
@@ -99,10 +105,50 @@ def test_tools_run_in_the_sessions_sandbox(server_url: str) -> None:
         assert bad.status_code == 422 and "old_str" in bad.text
 
 
+def test_the_sessions_tmp_proc_and_bad_calls(server_url: str) -> None:
+    row = PARSE_DROP
+    alone = httpx.post(f"{server_url}/bash", json={"command": "ls"}, timeout=60)  # no session cookie
+    assert alone.status_code == 409 and "seed_session" in alone.json()["error"]["message"]
+    with httpx.Client(base_url=server_url, timeout=120) as http:
+        assert http.post("/seed_session", json=row).status_code == 200
+        nul = http.post("/str_replace_editor", json={"command": "view", "path": "/workspace/a\u0000b"})
+        assert nul.status_code == 422 and "NUL" in nul.text
+        assert http.post("/bash", json={"command": "echo a\u0000b"}).status_code == 422
+        made = http.post("/bash", json={"command": "t=$(mktemp) && echo kept > \"$t\" && echo \"$t\"; echo $TMPDIR; "
+                                                   "python -c 'import tempfile; print(tempfile.mkdtemp())'; "
+                                                   "cat /proc/1/cmdline; ls /proc | grep -c '^[0-9]'"}).text.split("\n")
+        assert made[0].startswith("/tmp/tmp.") and made[1] == "/tmp" and made[2].startswith("/tmp/")
+        assert "No such file" in made[3] and int(made[4]) <= 3  # only this command's own processes
+        assert http.post("/bash", json={"command": f"cat {made[0]}"}).text == "kept\n"  # the session's /tmp persists
+        assert http.post("/submit", json={}).text.startswith("Submitted an empty patch")  # /tmp is not the diff
+    with httpx.Client(base_url=server_url, timeout=120) as http:
+        http.post("/seed_session", json=row)
+        http.post("/bash", json={"command": "rm tests/test_bugs.py; head -c 2000 /dev/urandom > blob.bin; echo '#' >> parse/__init__.py"})
+        assert http.post("/submit", json={}).text.startswith(
+            "Submitted a patch touching 3 file(s) (1 modified, 1 added, 1 deleted; 1 binary)")
+
+
+def test_a_sandbox_failure_closes_the_workspace_at_once(server_url: str) -> None:
+    (server,) = SERVERS
+    spaces = server.provider.workspaces
+    for call in ("/bash", "/verify"):
+        with httpx.Client(base_url=server_url, timeout=120) as http:
+            http.post("/seed_session", json=PARSE_DROP)
+            ws = list(spaces._open.values())[-1]  # this session's: the newest one open
+            os.rmdir(ws.tmp_path)  # the session's /tmp gone from under it: the launcher cannot set up
+            body = {"command": "ls"} if call == "/bash" else {**PARSE_DROP, "response": final_response("done")}
+            failed = http.post(call, json=body)
+            assert failed.status_code >= 500 and ws.id not in spaces._open and not os.path.exists(ws.root)
+            after = http.post("/bash", json={"command": "ls"})
+            assert after.status_code == 409 and "closed" in after.json()["error"]["message"]
+
+
 def test_bad_rows_and_missing_repositories(server_url: str) -> None:
     with httpx.Client(base_url=server_url, timeout=60) as http:
         bad = http.post("/seed_session", json={**PARSE_DROP, "FAIL_TO_PASS": []})
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "FAIL_TO_PASS"
+        not_pytest = http.post("/seed_session", json={**PARSE_DROP, "test_cmd": "make test"})
+        assert not_pytest.status_code == 422 and not_pytest.json()["error"]["field"] == "test_cmd"
         # SWE-bench's datasets keep the lists as JSON text: accepted as such
         assert http.post("/seed_session", json={**PARSE_DROP, "PASS_TO_PASS": json.dumps(PARSE_DROP["PASS_TO_PASS"])}).status_code == 200
         missing = http.post("/seed_session", json={**PARSE_DROP, "repo": "nobody/nothing"})

@@ -10,7 +10,7 @@ Modes (docs/sandbox.md says what each contains):
   then fork the namespace's init (PID 1), which builds a new root in a private tmpfs (the system
   directories and the interpreter bound read-only, a generated /etc, a few device nodes, a fresh
   /proc, a private size-limited /tmp with the work directory /tmp/sandbox, and the `binds`: host
-  directories mounted read-write, a session's workspace), chroots into it and
+  directories mounted read-write, a session's workspace, or read-only), chroots into it and
   forks the program as an unprivileged uid. When the program exits, init exits and the kernel kills
   every process left in the namespace; `waitpid(init)` returns only once they are all gone.
 - "basic" (root, namespaces refused): the program runs as the unprivileged uid in the host's
@@ -175,8 +175,19 @@ def build_root(cfg):
     for name in os.listdir(cfg["host_dir"]) if cfg.get("host_dir") else ():
         with open(os.path.join(cfg["host_dir"], name), "rb") as handle:
             inputs[name] = handle.read()
-    # A workspace: a host directory mounted read-write inside (opened now: it may live under /tmp).
-    binds = [(os.open(source, os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY), target) for source, target in cfg.get("binds", ())]
+    # A workspace: a host directory mounted inside, read-write unless its third field says read-only
+    # (opened now: it may live under /tmp).
+    binds = [(os.open(bound[0], os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY), bound[1], len(bound) > 2 and bool(bound[2]))
+             for bound in cfg.get("binds", ())]
+    # A session's own /tmp (a host directory on the session's disk), instead of a tmpfs per command. Its
+    # programs own it: nothing may be mounted below it (making the mount point would follow their links).
+    tmp_fd = None
+    if cfg.get("tmp_bind"):
+        below = [path for path in [*cfg["expose"], *(bound[1] for bound in cfg.get("binds", ()))] if under(path, "/tmp")]
+        if below:
+            raise SetupError(f"{below[0]} cannot be mounted below a session's own /tmp")
+        tmp_fd = os.open(cfg["tmp_bind"], os.O_PATH | os.O_CLOEXEC | os.O_DIRECTORY)
+    input_dir = cfg.get("input_dir") or SANDBOX_DIR
     etc = {}
     try:
         with open("/etc/ld.so.cache", "rb") as handle:
@@ -233,21 +244,35 @@ def build_root(cfg):
           f"size={cfg['shm_bytes']},nr_inodes=1024,mode=1777")
 
     os.mkdir(root("/tmp"), 0o755)
-    mount("tmpfs", root("/tmp"), "tmpfs", MS_NOSUID | MS_NODEV,
-          f"size={cfg['tmpfs_bytes']},nr_inodes={cfg['tmpfs_inodes']},mode=755")
-    os.mkdir(root(SANDBOX_DIR), 0o700)
+    if tmp_fd is not None:
+        bind(f"/proc/self/fd/{tmp_fd}", root("/tmp"), True, readonly=False)
+        os.close(tmp_fd)
+        # The inputs get a tmpfs of their own, outside the session's /tmp (which its programs own).
+        os.makedirs(root(input_dir), 0o755)
+        mount("tmpfs", root(input_dir), "tmpfs", MS_NOSUID | MS_NODEV,
+              f"size={cfg['tmpfs_bytes']},nr_inodes={cfg['tmpfs_inodes']},mode=700,uid={uid},gid={gid}")
+    else:
+        mount("tmpfs", root("/tmp"), "tmpfs", MS_NOSUID | MS_NODEV,
+              f"size={cfg['tmpfs_bytes']},nr_inodes={cfg['tmpfs_inodes']},mode=755")
+        os.makedirs(root(input_dir), 0o700)
     for file_name, data in inputs.items():
-        write_file(root(f"{SANDBOX_DIR}/{file_name}"), data)
-        os.chown(root(f"{SANDBOX_DIR}/{file_name}"), uid, gid)
-    os.chown(root(SANDBOX_DIR), uid, gid)
+        write_file(root(f"{input_dir}/{file_name}"), data)
+        os.chown(root(f"{input_dir}/{file_name}"), uid, gid)
+    os.chown(root(input_dir), uid, gid)
 
     expose([entry for entry in exposed if under(entry[0], "/tmp")])
-    for fd, target in binds:  # after /tmp: a workspace may sit below it
-        bind(f"/proc/self/fd/{fd}", root(target), True, readonly=False)
+    for fd, target, readonly in binds:  # after /tmp: a workspace may sit below it
+        bind(f"/proc/self/fd/{fd}", root(target), True, readonly=readonly)
         os.close(fd)
 
+    for path in cfg.get("hide", ()):  # an exposed folder the program must not read: an empty one over it
+        if os.path.isdir(root(path)) and not os.path.islink(root(path)):
+            mount("tmpfs", root(path), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=4,mode=555")
+
     os.mkdir(root("/proc"), 0o555)
-    mount("proc", root("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # this PID namespace only
+    # This PID namespace only, and only the program's own processes: init (root) and its command line,
+    # which names host paths, stay out of sight (hidepid=2).
+    mount("proc", root("/proc"), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
     mount(None, NEW_ROOT, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=755")
     os.chroot(NEW_ROOT)
     os.chdir("/")

@@ -103,17 +103,22 @@ def run_program(
     host_dir: str | None = None,
     workdir: str | None = None,
     env: dict[str, str] | None = None,
-    binds: tuple[tuple[str, str], ...] = (),
+    binds: tuple[tuple[str, str] | tuple[str, str, bool], ...] = (),
     expose: tuple[str, ...] = (),
     cgroups: tuple[str, ...] = (),
     stdin: bytes = b"",
+    tmp_bind: str | None = None,
+    input_dir: str | None = None,
+    hide: tuple[str, ...] = (),
 ) -> SandboxResult:
     """Run `argv` confined as `isolation` says, as `uid`. Blocking; raises SandboxError only when the
     sandbox could not be set up.
 
-    `host_dir`'s files are copied into the work directory (/tmp/sandbox) in "namespaces" mode, and
-    are the work directory itself in the others. `binds` are (host path, path inside) pairs mounted
-    read-write (a workspace); `expose` adds read-only paths to the isolation's. `workdir` is where
+    `host_dir`'s files are copied into `input_dir` (default /tmp/sandbox, the work directory) in
+    "namespaces" mode, and are the work directory itself in the others. `binds` are (host path, path
+    inside[, read-only]) mounted read-write unless the third field is true (a workspace); `tmp_bind`
+    is a host directory mounted as /tmp (a session's own) instead of a tmpfs per run; `expose` adds
+    read-only paths to the isolation's; `hide` are exposed folders shown empty ("namespaces" mode). `workdir` is where
     the program starts (inside the namespace in "namespaces" mode). `cgroups` are `cgroup.procs` files the
     launcher joins before it forks (a workspace session's groups).
     """
@@ -129,7 +134,10 @@ def run_program(
             "env": env if env is not None else _program_env(workdir),
             "host_dir": host_dir,
             "workdir": workdir,
-            "binds": [list(pair) for pair in binds],
+            "binds": [list(bound) for bound in binds],
+            "tmp_bind": tmp_bind if namespaced else None,
+            "input_dir": input_dir,
+            "hide": list(hide),
             "cgroups": list(cgroups),
             "uid": uid,
             "gid": uid,

@@ -25,9 +25,11 @@ T = TypeVar("T")
 class WorkspaceProvider(Protocol):
     async def prepare(self) -> dict[str, Any]: ...
 
-    async def open(self, template: str | None = None) -> str: ...
+    async def open(self, template: str | None = None, hide: tuple[str, ...] = ()) -> str: ...
 
-    async def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"") -> SandboxResult: ...
+    async def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"", *,
+                   files: dict[str, str | bytes] | None = None, read_only: tuple[tuple[str, str], ...] = (),
+                   output_bytes: int | None = None) -> SandboxResult: ...
 
     async def read_file(self, ws_id: str, path: str, max_bytes: int = 1_000_000) -> str: ...
 
@@ -70,11 +72,14 @@ class LocalProvider:
     async def prepare(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.workspaces.info)
 
-    async def open(self, template: str | None = None) -> str:
-        return await self._call(self.workspaces.open, template)
+    async def open(self, template: str | None = None, hide: tuple[str, ...] = ()) -> str:
+        return await self._call(self.workspaces.open, template, hide)
 
-    async def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"") -> SandboxResult:
-        return await self._call(self.workspaces.exec, ws_id, command, timeout_s, stdin)
+    async def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"", *,
+                   files: dict[str, str | bytes] | None = None, read_only: tuple[tuple[str, str], ...] = (),
+                   output_bytes: int | None = None) -> SandboxResult:
+        return await self._call(self.workspaces.exec, ws_id, command, timeout_s, stdin, files=files,
+                                read_only=read_only, output_bytes=output_bytes)
 
     async def read_file(self, ws_id: str, path: str, max_bytes: int = 1_000_000) -> str:
         return await self._call(self.workspaces.read_file, ws_id, path, max_bytes)

@@ -22,8 +22,8 @@ class WorkspaceHost:
     def __init__(self, limits: WorkspaceLimits | None, options: dict[str, Any]) -> None:
         self.workspaces = LocalWorkspaces(limits, **options)
 
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.workspaces, method)(*args)
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.workspaces, method)(*args, **kwargs)
 
     def node(self) -> dict[str, Any]:
         import os
@@ -53,12 +53,12 @@ class RayProvider:
                 self._actors = [actor.remote(self.limits, self.options) for _ in range(self.hosts_wanted)]
             return self._actors
 
-    async def _on(self, host: int, method: str, *args: Any) -> Any:
+    async def _on(self, host: int, method: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
         actors = await self._start()
         try:
-            return await actors[host].call.remote(method, *args)
+            return await actors[host].call.remote(method, *args, **kwargs)
         except ray.exceptions.RayActorError as exc:
             raise SandboxError(f"workspace host {host} is gone: {exc}") from None
 
@@ -73,19 +73,22 @@ class RayProvider:
         nodes = await asyncio.gather(*(actor.node.remote() for actor in actors))
         return {"provider": "ray", "hosts": nodes}
 
-    async def open(self, template: str | None = None) -> str:
+    async def open(self, template: str | None = None, hide: tuple[str, ...] = ()) -> str:
         await self._start()
         counts = [0] * len(self._actors)
         for host in self._open.values():
             counts[host] += 1
         host = counts.index(min(counts))
-        ws_id = f"{host}-{await self._on(host, 'open', template)}"
+        ws_id = f"{host}-{await self._on(host, 'open', template, hide)}"
         self._open[ws_id] = host
         return ws_id
 
-    async def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"") -> SandboxResult:
+    async def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"", *,
+                   files: dict[str, str | bytes] | None = None, read_only: tuple[tuple[str, str], ...] = (),
+                   output_bytes: int | None = None) -> SandboxResult:
         host, local = self._host(ws_id)
-        return await self._on(host, "exec", local, command, timeout_s, stdin)
+        return await self._on(host, "exec", local, command, timeout_s, stdin, files=files, read_only=read_only,
+                              output_bytes=output_bytes)
 
     async def read_file(self, ws_id: str, path: str, max_bytes: int = 1_000_000) -> str:
         host, local = self._host(ws_id)

@@ -39,6 +39,7 @@ from .isolation import Isolation, SandboxError, SandboxLimits, SandboxResult, Ui
 from .programs import detect_isolation, run_program
 
 WORKDIR = "/workspace"  # where the workspace is mounted inside the sandbox ("namespaces" mode)
+INPUT_DIR = "/run/sandbox"  # a command's input files ("namespaces" mode; $SANDBOX_INPUT says where, in every mode)
 MNT_DETACH = 2
 
 
@@ -77,17 +78,27 @@ class WorkspaceLimits:
 @dataclass
 class Workspace:
     id: str
-    host_path: str
+    host_path: str  # the files (/workspace); beside it, the session's /tmp, both on the session's disk
     lease: UidLease | None
     mounted: bool
     template: str | None
     snapshots: dict[str, str]
     lock: threading.Lock
     group: SessionGroup | None = None
+    hide: tuple[str, ...] = ()  # exposed folders its commands see empty (a copy of a task's solution)
 
     @property
     def uid(self) -> int | None:
         return self.lease.uid if self.lease else None
+
+    @property
+    def root(self) -> str:
+        """The session's directory (its tmpfs): `files/` is the workspace, `tmp/` its /tmp."""
+        return os.path.dirname(self.host_path)
+
+    @property
+    def tmp_path(self) -> str:
+        return os.path.join(self.root, "tmp")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -176,8 +187,12 @@ class LocalWorkspaces:
         os.mkdir(path, 0o700)
         mounted = lease is not None and _mount_tmpfs(path, self.limits, lease.uid)
         group = cgroups.make(ws_id, self.limits.session_memory_mb, self.limits.max_processes) if lease else None
-        workspace = Workspace(ws_id, path, lease, mounted, template, {}, threading.Lock(), group)
+        workspace = Workspace(ws_id, os.path.join(path, "files"), lease, mounted, template, {}, threading.Lock(), group)
         try:
+            for directory in (workspace.host_path, workspace.tmp_path):
+                os.mkdir(directory, 0o700)
+                if lease is not None:
+                    os.chown(directory, lease.uid, lease.uid)
             if lease is not None:
                 os.chown(path, lease.uid, lease.uid)
             if template is not None:
@@ -207,8 +222,8 @@ class LocalWorkspaces:
         if workspace.group is not None:
             workspace.group.remove()
         if workspace.mounted:
-            _libc.umount2(workspace.host_path.encode(), MNT_DETACH)
-        shutil.rmtree(workspace.host_path, ignore_errors=True)
+            _libc.umount2(workspace.root.encode(), MNT_DETACH)
+        shutil.rmtree(workspace.root, ignore_errors=True)
         for snapshot in workspace.snapshots.values():
             shutil.rmtree(snapshot, ignore_errors=True)
         if workspace.lease is not None:
@@ -219,14 +234,16 @@ class LocalWorkspaces:
         subprocess.run(["pkill", "-KILL", "-U", str(uid)], capture_output=True)
 
     # --- sessions --------------------------------------------------------------------------------
-    def open(self, template: str | None = None) -> str:
-        """A workspace holding a copy of `template` (a directory), from the warm pool when one is ready."""
+    def open(self, template: str | None = None, hide: tuple[str, ...] = ()) -> str:
+        """A workspace holding a copy of `template` (a directory), from the warm pool when one is ready;
+        its commands see the `hide` folders (of the system or the toolchain) empty."""
         template = os.path.abspath(template) if template else None
         with self._lock:
             queue = self._pool.get(template)
             workspace = queue.popleft() if queue else None
         if workspace is None:
             workspace = self._make(template)
+        workspace.hide = tuple(hide)
         with self._lock:
             self._open[workspace.id] = workspace
         self._refill(template)
@@ -292,33 +309,83 @@ class LocalWorkspaces:
 
     # --- commands --------------------------------------------------------------------------------
     def _run(self, workspace: Workspace, argv: list[str], timeout_s: float | None, stdin: bytes = b"",
-             host_dir: str | None = None, output_bytes: int | None = None) -> SandboxResult:
+             host_dir: str | None = None, output_bytes: int | None = None,
+             read_only: tuple[tuple[str, str], ...] = ()) -> SandboxResult:
         isolation = self.isolation
         namespaced = isolation.mode == "namespaces"
         workdir = WORKDIR if namespaced else workspace.host_path
+        # The session's /tmp, unless the toolchain lives under /tmp (it would be mounted inside what the session
+        # owns): then each command gets a tmpfs of its own and $TMPDIR is its input folder.
+        session_tmp = namespaced and not _under(self.toolchain, "/tmp")
+        tmpdir = "/tmp" if session_tmp else INPUT_DIR if namespaced else workspace.tmp_path
         env = {"PATH": f"{self.toolchain}/bin:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir,
-               "TMPDIR": "/tmp" if namespaced else workdir, "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+               "TMPDIR": tmpdir, "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+        if namespaced and not session_tmp and not host_dir:
+            host_dir = tempfile.mkdtemp(prefix=f"rollgym-ws-in-{os.getpid()}-")  # an empty input folder: the $TMPDIR
+            try:
+                return self._run(workspace, argv, timeout_s, stdin, host_dir, output_bytes, read_only)
+            finally:
+                shutil.rmtree(host_dir, ignore_errors=True)
+        if host_dir:
+            env["SANDBOX_INPUT"] = INPUT_DIR if namespaced else host_dir
         limits = self.limits.for_command(timeout_s)
         if output_bytes:
             limits = replace(limits, max_output_bytes=output_bytes, kill_output_bytes=max(output_bytes * 2, limits.kill_output_bytes))
+        # Without namespaces there are no mounts: a read-only pair's host path is where the command finds it.
+        binds = ((workspace.host_path, WORKDIR), *((host, inside, True) for host, inside in read_only)) if namespaced else ()
         return run_program(argv, isolation, limits, uid=workspace.uid, host_dir=host_dir,
-                           workdir=workdir, env=env, binds=((workspace.host_path, WORKDIR),) if namespaced else (),
-                           expose=(self.toolchain,), cgroups=tuple(workspace.group.procs) if workspace.group else (),
-                           stdin=stdin)
+                           workdir=workdir, env=env, binds=binds, tmp_bind=workspace.tmp_path if session_tmp else None,
+                           input_dir=INPUT_DIR, expose=(self.toolchain,), hide=workspace.hide,
+                           cgroups=tuple(workspace.group.procs) if workspace.group else (), stdin=stdin)
 
-    def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"") -> SandboxResult:
-        """Run `command` with bash in the workspace: exit status, stdout, stderr (bounded), why it was killed."""
+    def exec(self, ws_id: str, command: str, timeout_s: float | None = None, stdin: bytes = b"", *,
+             files: dict[str, str | bytes] | None = None, read_only: tuple[tuple[str, str], ...] = (),
+             output_bytes: int | None = None) -> SandboxResult:
+        """Run `command` with bash in the workspace: exit status, stdout, stderr (bounded), why it was killed.
+
+        `files` (name -> content) are put in a directory of this command's own, `$SANDBOX_INPUT`, that the
+        workspace's other commands never see; `read_only` (host directory, path inside) pairs are shown
+        read-only (at a path outside /tmp and /workspace, which the session owns; in the modes without
+        namespaces, at their host path); `output_bytes` raises how much of each stream is kept.
+        """
         workspace = self._get(ws_id)
+        if "\0" in command:
+            raise ValueError("a command cannot hold a NUL byte")
         with workspace.lock:
             if workspace.group is not None and workspace.group.cpu_s() >= self.limits.session_cpu_s:
                 return SandboxResult(exit_code=None, stdout="", timed_out=False, killed_reason="session_cpu",
                                      stderr=f"this session has used its CPU time ({self.limits.session_cpu_s:g} s)",
                                      output_truncated=False, wall_s=0.0)
-            return self._run(workspace, ["/bin/bash", "-c", command], timeout_s, stdin[:60_000])
+            if not files:
+                return self._run(workspace, ["/bin/bash", "-c", command], timeout_s, stdin[:60_000],
+                                 output_bytes=output_bytes, read_only=read_only)
+            staging = self._stage(workspace, files)
+            try:
+                return self._run(workspace, ["/bin/bash", "-c", command], timeout_s, stdin[:60_000], host_dir=staging,
+                                 output_bytes=output_bytes, read_only=read_only)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _stage(self, workspace: Workspace, files: dict[str, str | bytes]) -> str:
+        """A fresh host directory holding a command's input files (the launcher copies them in)."""
+        staging = tempfile.mkdtemp(prefix=f"rollgym-ws-in-{os.getpid()}-")
+        for name, content in files.items():
+            if "/" in name or name.startswith("."):
+                shutil.rmtree(staging, ignore_errors=True)
+                raise ValueError(f"bad input file name {name!r}")
+            Path(staging, name).write_bytes(content.encode() if isinstance(content, str) else content)
+            os.chmod(os.path.join(staging, name), 0o644)
+        if workspace.uid is not None and self.isolation.mode != "namespaces":
+            os.chown(staging, workspace.uid, workspace.uid)
+            for name in files:
+                os.chown(os.path.join(staging, name), workspace.uid, workspace.uid)
+        return staging
 
     def read_file(self, ws_id: str, path: str, max_bytes: int = 1_000_000) -> str:
         """A text file of the workspace, read as the session's uid (a link out of it leads nowhere)."""
         workspace = self._get(ws_id)
+        if "\0" in path:
+            raise FileAccessError(f"{path!r}: a path cannot hold a NUL byte")
         quoted = shlex.quote(path)
         with workspace.lock:
             result = self._run(workspace, ["/bin/bash", "-c", f"test -f {quoted} || exit 3; head -c {max_bytes + 1} -- {quoted}"],
@@ -334,15 +401,12 @@ class LocalWorkspaces:
     def write_file(self, ws_id: str, path: str, content: str) -> None:
         """Write a file of the workspace as the session's uid (parent directories made)."""
         workspace = self._get(ws_id)
-        staging = tempfile.mkdtemp(prefix=f"rollgym-ws-in-{os.getpid()}-")
+        if "\0" in path:
+            raise FileAccessError(f"{path!r}: a path cannot hold a NUL byte")
+        staging = self._stage(workspace, {"content": content})
         try:
-            Path(staging, "content").write_text(content)
-            os.chmod(os.path.join(staging, "content"), 0o644)
-            source = "/tmp/sandbox/content" if self.isolation.mode == "namespaces" else os.path.join(staging, "content")
-            if workspace.uid is not None and self.isolation.mode != "namespaces":
-                os.chown(staging, workspace.uid, workspace.uid)
             quoted = shlex.quote(path)
-            script = f"mkdir -p -- \"$(dirname -- {quoted})\" && cat -- {shlex.quote(source)} > {quoted}"
+            script = f"mkdir -p -- \"$(dirname -- {quoted})\" && cat -- \"$SANDBOX_INPUT/content\" > {quoted}"
             with workspace.lock:
                 result = self._run(workspace, ["/bin/bash", "-c", script], 30, host_dir=staging)
         finally:
@@ -385,6 +449,10 @@ class LocalWorkspaces:
                         raise WorkspaceError(f"reset failed: {done.stderr.strip()[-300:]}")
                 else:
                     self._copy_in(source, workspace)
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def wait_for_no_processes(uid: int, deadline_s: float = 2.0) -> bool:
