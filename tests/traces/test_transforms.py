@@ -124,3 +124,22 @@ def test_trajectories_by_episode_or_steps_and_rollout_rows() -> None:
     rows = to_rollouts(traces)
     assert rows[0]["sequences"] == [] and rows[0]["token_source"] == "retokenized"
     assert rows[1]["sequences"][0]["completion_logprobs"] == [-0.1, -0.2, 0.0, 0.0, -0.3] and rows[1]["prefix_ok"]
+
+
+def test_a_retokenized_record_is_the_prompt_the_embedded_model_builds(tokenizer: Any) -> None:
+    """The record of a foreign tool-using trace, token for token, against llama.cpp's own rendering and
+    tokenizer of the same messages and tools (the embedded model server's prompt, not rollgym's
+    transformers path): the first call's prompt, and everything before the answer as the second call's."""
+    pytest.importorskip("llama_cpp", reason="the embedded model needs llama-cpp-python (make install builds it)")
+    from models.llamacpp.engine import LlamaEngine
+
+    engine = LlamaEngine(n_ctx=2048, seed=0)
+    trace = foreign("f1", "Weather in Paris?", "It is sunny.", 1.0)
+    [record] = to_sft([trace], tokenizer=tokenizer)
+    messages = trace.messages()
+    first, _ = engine.prompt_token_ids(messages[:1], [WEATHER_TOOL])
+    assert record["prompt_ids"] == first
+    second, _ = engine.prompt_token_ids(messages[:3], [WEATHER_TOOL])
+    mask = record["completion_mask"]
+    answer = max(i for i in range(len(mask)) if mask[i] and not mask[i - 1])
+    assert record["prompt_ids"] + record["completion_ids"][:answer] == second
