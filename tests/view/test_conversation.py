@@ -122,7 +122,8 @@ def test_the_panel_in_a_headless_browser(rollouts: Path, tmp_path: Path) -> None
             assert own[QUESTION].find_elements(By.CSS_SELECTOR, ".msg.tool_call")
             assert not own["Sub-task 1: say hello"].find_elements(By.CSS_SELECTOR, ".msg.tool_call")
             assert "began:" in segments[1].text
-            browser.execute_script("document.querySelector('.conversation').scrollIntoView()")
+            # the panel's top below the page's fixed header
+            browser.execute_script("window.scrollTo(0, document.querySelector('.conversation').offsetTop - 90)")
             browser.save_screenshot(str(shots / "conversation-panel.png"))
     finally:
         browser.quit()
