@@ -169,9 +169,39 @@ class Capture:
         for chain, drift, (conversation, reason) in zip(chains, drifted, labels):
             merged, _ = merge_sequences([item for call in chain for item in call.output])
             sequence = merged[0]
-            sequence.update(prefix_ok=not drift, conversation=conversation, segment_reason=reason)
+            sequence.update(prefix_ok=not drift, conversation=conversation, segment_reason=reason,
+                            calls=segment_calls(chain))
             result.append(sequence)
         return result, not any(drifted)
+
+
+def segment_calls(chain: list[Call]) -> list[dict[str, Any]]:
+    """The model calls of one segment as a viewer shows them, without token fields: each call's input items
+    (for a call that continues the one before, only the items it added: tool outputs, a new user turn) and
+    its output items. A segment's messages are its own, not its rollout's first call's."""
+    calls: list[dict[str, Any]] = []
+    before: list[Signature] = []
+    for call in chain:
+        if before and call.input_signatures[: len(before)] == before:
+            added = _after_signed(call.input, len(before))
+        else:
+            added = call.input
+        calls.append({"input": [strip_tokens(item) for item in added],
+                      "output": [strip_tokens(item) for item in call.output]})
+        before = call.conversation
+    return calls
+
+
+def _after_signed(items: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """The items after the first `count` that have a signature (unsigned ones, such as reasoning, in between
+    belong to the part already shown)."""
+    seen = 0
+    for index, item in enumerate(items):
+        if seen == count:
+            return items[index:]
+        if signature(item) is not None:
+            seen += 1
+    return []
 
 
 def _label(call: Call, chains: list[list[Call]], labels: list[tuple[int, str | None]],

@@ -26,10 +26,9 @@ import jinja2.meta
 import jinja2.sandbox
 from llama_cpp.llama_grammar import SchemaConverter
 
-# The lowering of tool messages is the kernel's, shared with the transformers server.
+# The lowering of tool messages is the kernel's (rollgym.tool_calls.template_inputs), shared with the
+# transformers server and with traces re-tokenized for training.
 from rollgym.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from rollgym.tool_calls import native_tool_messages as messages_for_tool_template
-from rollgym.tool_calls import plain_tool_messages as messages_for_plain_template
 
 # Used only when a GGUF carries no chat template at all.
 CHATML_TEMPLATE = (
@@ -172,5 +171,5 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]]) -> str:
 
 
 __all__ = ["BUILTIN_TEMPLATES", "CHATML_TEMPLATE", "END_OF_TURN_TEXTS", "RESERVED_TEMPLATE_VARIABLES",
-           "REPEAT_LIMIT", "bounded_schema", "compile_template", "messages_for_plain_template", "messages_for_tool_template", "template_source",
+           "REPEAT_LIMIT", "bounded_schema", "compile_template", "template_source",
            "tool_call_grammar"]

@@ -42,14 +42,12 @@ import numpy as np
 from llama_cpp.llama_grammar import LlamaGrammar
 from rollgym.errors import ContextLengthError
 from rollgym.sampling_contract import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
-from rollgym.tool_calls import parse_hermes_tool_calls
+from rollgym.tool_calls import parse_hermes_tool_calls, template_inputs
 
 from .chat_format import (
     CHATML_TEMPLATE,
     END_OF_TURN_TEXTS,
     compile_template,
-    messages_for_plain_template,
-    messages_for_tool_template,
     tool_call_grammar,
 )
 
@@ -264,12 +262,7 @@ class LlamaEngine:
         add_generation_prompt: bool = True,
     ) -> str:
         """Render chat messages (and tools to advertise) to prompt text with the chat template."""
-        if self.template_supports_tools:
-            rendered_messages: list[dict[str, Any]] = messages_for_tool_template(messages)
-            template_tools = list(tools) if tools else None
-        else:
-            rendered_messages = messages_for_plain_template(messages, tools)
-            template_tools = None
+        rendered_messages, template_tools = template_inputs(messages, tools, self.template_supports_tools)
         return self._template.render(
             **self.chat_template_kwargs,
             messages=rendered_messages,

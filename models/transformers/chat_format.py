@@ -15,9 +15,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# The lowering of tool messages is the kernel's, shared with the embedded model.
-from rollgym.tool_calls import native_tool_messages as native_messages
-from rollgym.tool_calls import plain_tool_messages as plain_messages
 
 def resolve_tool_choice(tools: Sequence[Mapping[str, Any]] | None,
                         tool_choice: Any) -> tuple[list[Mapping[str, Any]], str | None]:
@@ -85,4 +82,4 @@ def call_closed(text: str) -> bool:
     return False
 
 
-__all__ = ["call_closed", "native_messages", "plain_messages", "resolve_tool_choice"]
+__all__ = ["call_closed", "resolve_tool_choice"]

@@ -26,8 +26,7 @@ import torch
 from rollgym.errors import ContextLengthError
 from rollgym.sampling_contract import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 from rollgym.sequences import extend_tokens
-
-from .chat_format import native_messages, plain_messages
+from rollgym.tool_calls import render_chat
 
 __all__ = ["ContextLengthError", "Engine", "Generation", "GenerationRequest", "pick_device", "pick_dtype"]
 
@@ -86,8 +85,6 @@ class Engine:
         self.n_ctx = n_ctx
         self.n_vocab = int(model.get_output_embeddings().weight.shape[0])
         self._rng = random.Random(seed)
-        template = tokenizer.chat_template or ""
-        self.native_tools = "tools" in template
         eos = model.generation_config.eos_token_id
         eog = {*(eos if isinstance(eos, list) else [eos] if eos is not None else []), tokenizer.eos_token_id}
         for text in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"):
@@ -111,12 +108,9 @@ class Engine:
 
     def render_text(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
                     add_generation_prompt: bool = True) -> str:
-        """A conversation as prompt text, through the tokenizer's chat template."""
-        if self.native_tools:
-            return self.tokenizer.apply_chat_template(native_messages(messages), tools=list(tools) if tools else None,
-                                                      add_generation_prompt=add_generation_prompt, tokenize=False)
-        return self.tokenizer.apply_chat_template(plain_messages(messages, tools),
-                                                  add_generation_prompt=add_generation_prompt, tokenize=False)
+        """A conversation as prompt text, through the tokenizer's chat template (the kernel's rendering, which
+        traces re-tokenized for training share)."""
+        return render_chat(self.tokenizer, messages, tools, add_generation_prompt)
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
                add_generation_prompt: bool = True) -> list[int]:

@@ -3,7 +3,8 @@
 rollgym's model servers speak the Responses API; inference backends (vLLM, SGLang,
 llama.cpp, OpenAI) speak Chat Completions. Every model server uses this one module:
 
-- ``responses_to_chat_request``: Responses create-params -> chat completion request body.
+- ``responses_to_chat_request``: Responses create-params -> chat completion request body (its tools:
+  ``responses_tools_to_chat_tools``, the form every chat template is given).
 - ``chat_response_to_output``: chat completion response -> Responses output items + usage.
 - ``chat_messages_to_responses_input`` / ``chat_tools_to_responses_tools`` /
   ``chat_tool_choice_to_responses``: the reverse direction, for servers that receive
@@ -28,6 +29,7 @@ __all__ = [
     "chat_tool_choice_to_responses",
     "chat_tools_to_responses_tools",
     "responses_to_chat_request",
+    "responses_tools_to_chat_tools",
 ]
 
 # Sampling keys copied verbatim from Responses params to the chat request (when not None); min_tokens and
@@ -106,7 +108,7 @@ def _reasoning_text(item: dict[str, Any], field: str) -> str:
     return "\n\n".join(p.get("text") or "" for p in summary if isinstance(p, dict))
 
 
-def _convert_tools(tools: list[Any]) -> list[dict[str, Any]]:
+def responses_tools_to_chat_tools(tools: list[Any]) -> list[dict[str, Any]]:
     """Responses function tools -> chat tools; other tool types raise ConversionError."""
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
@@ -171,7 +173,7 @@ def responses_to_chat_request(
 
     tools = params.get("tools")
     if tools:
-        body["tools"] = _convert_tools(tools)
+        body["tools"] = responses_tools_to_chat_tools(tools)
         # tool_choice without tools is rejected by vLLM, so it only travels with tools.
         if params.get("tool_choice") is not None:
             body["tool_choice"] = _convert_tool_choice(params["tool_choice"])

@@ -230,6 +230,10 @@ class Sequence(BaseModel):
     # and, after the first segment, why it began (rollgym.sequences.SEGMENT_REASONS).
     conversation: int | None = None
     segment_reason: Literal["new_conversation", "history_rewritten", "tokens_drifted"] | None = None
+    # Set by agents whose segments have inputs of their own (proxy_agent): each model call of this segment, its
+    # input items (a continuing call's: only those it added) and output items, without token fields; what
+    # `rollgym view` shows as the segment's conversation. Trainers ignore it.
+    calls: list[dict[str, Any]] | None = None
 
 
 class RunResponse(RunRequest):

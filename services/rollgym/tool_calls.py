@@ -160,6 +160,29 @@ def plain_tool_messages(messages: Sequence[Mapping[str, Any]],
     return out
 
 
+def template_knows_tools(template: str | None) -> bool:
+    """Whether a chat template renders `tools` itself (else the conversation is lowered: plain_tool_messages)."""
+    return "tools" in (template or "")
+
+
+def template_inputs(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                    knows_tools: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """(messages, tools) as a chat template gets them: natively when it knows tools, else lowered to text
+    (tools in the system message, calls and results as Hermes blocks) with no tools argument."""
+    if knows_tools:
+        return native_tool_messages(messages), [dict(tool) for tool in tools] if tools else None
+    return plain_tool_messages(messages, tools), None
+
+
+def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None,
+                add_generation_prompt: bool = True) -> str:
+    """A conversation as prompt text through a Hugging Face tokenizer's chat template, exactly as the
+    transformers model server renders it (and, for the same template, the embedded model)."""
+    rendered, template_tools = template_inputs(messages, tools, template_knows_tools(tokenizer.chat_template))
+    return tokenizer.apply_chat_template(rendered, tools=template_tools, add_generation_prompt=add_generation_prompt,
+                                         tokenize=False)
+
+
 def native_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Messages for a template with tool support: content flattened to text, tool-call arguments parsed to
     objects (as transformers expects: templates apply `tojson` to them)."""
@@ -174,4 +197,5 @@ def native_tool_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str
 
 
 __all__ = ["TOOLS_SYSTEM_FOOTER", "TOOLS_SYSTEM_HEADER", "TOOL_CALL_CLOSE", "TOOL_CALL_OPEN", "arguments_object",
-           "content_text", "native_tool_messages", "parse_hermes_tool_calls", "plain_tool_messages", "tool_call_text"]
+           "content_text", "native_tool_messages", "parse_hermes_tool_calls", "plain_tool_messages", "render_chat",
+           "template_inputs", "template_knows_tools", "tool_call_text"]

@@ -124,6 +124,8 @@ class RolloutTracer:
                          LOGPROBS: [float(x) for x in item.get("generation_log_probs") or []],
                          **_message_attributes("llm.input_messages", prompt + chat_messages(output[:i])),
                          **_message_attributes("llm.output_messages", chat_messages([item]))}
+                for j, tool in enumerate(params.get("tools") or []):  # OpenInference's record of the offered tools
+                    attrs[f"llm.tools.{j}.tool.json_schema"] = json.dumps(tool)
                 if item.get("model_version"):
                     attrs[MODEL_VERSION] = str(item["model_version"])
                 if response.get("model"):

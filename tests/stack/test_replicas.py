@@ -283,3 +283,15 @@ def test_a_session_outlives_its_replica_only_with_the_sqlite_store(tmp_path: Pat
             assert f"exited with code -9; 1 of 2 replicas of '{name}' left" in text, text
     finally:
         assert stop_rollgym(process) == 0, log.read_text()
+
+
+def test_replicas_of_a_seeded_server_sample_with_seeds_of_their_own() -> None:
+    """Replica i of the embedded model serves with seed + i: with one seed, two replicas answering a task's
+    repeats at once would return the same rollout twice."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install -e '.[llamacpp]')")
+    from rollgym.stack.serve import build_server
+
+    spec = load_stack([REPO_ROOT / "models/llamacpp/configs/llamacpp.yaml"],
+                      ["policy_model.seed=7", "policy_model.replicas=3"]).servers["policy_model"]
+    seeds = [build_server(spec, {"registry": {}, "secret": "s" * 32}, replica).config.seed for replica in range(3)]
+    assert seeds == [7, 8, 9]

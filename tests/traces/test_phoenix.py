@@ -87,8 +87,8 @@ def test_an_openinference_agent_traced_in_phoenix_becomes_sft_records(phoenix: s
     # Feedback afterwards, in Phoenix: thumbs up for Paris and Tokyo, down for Oslo.
     for city, score in zip(CITIES, [1.0, 1.0, 0.0]):
         phx.annotate(by_city[city].episode.id, "thumbs", score, label="up" if score else "down", url=phoenix)
-    _, records = read_source(f"trace://phoenix/agent?url={phoenix}&score=thumbs&min_reward=1", "sft", "bundled",
-                             tokenizer)
+    records = read_source(f"trace://phoenix/agent?url={phoenix}&score=thumbs&min_reward=1", "sft", "bundled",
+                          tokenizer).records
     assert sorted(r["rollout_id"] for r in records) == sorted(by_city[c].episode.id for c in CITIES[:2])
     for record in records:
         said = tokenizer.decode([t for t, m in zip(record["completion_ids"], record["completion_mask"]) if m])
@@ -122,3 +122,105 @@ def test_rollgym_rollouts_traced_to_phoenix_keep_their_served_tokens(phoenix: st
             assert ours["prompt_ids"] == served["prompt_ids"] and ours["completion_mask"] == served["completion_mask"]
             assert ours["completion_logprobs"] == pytest.approx(served["completion_logprobs"])
         assert any(step.kind == "tool" and step.name == "get_weather" for step in trace.steps)
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def served_prompt(stack: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """The prompt ids the embedded model server builds for these chat messages and the weather tool."""
+    from rollgym.chat_conversion import chat_messages_to_responses_input, chat_tools_to_responses_tools
+
+    reply = httpx.post(f"{stack['policy_model'].url}/tokenize", timeout=60, json={
+        "input": chat_messages_to_responses_input(messages), "tools": chat_tools_to_responses_tools([WEATHER_TOOL])})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["tokens"]
+
+
+def tool_agent(client: Any, model: str, city: str) -> list[dict[str, Any]]:
+    """A forced get_weather call, its result, an answer: the conversation as the agent kept it."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You answer weather questions."},
+                                      {"role": "user", "content": f"What is the weather in {city}?"}]
+    first = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], max_tokens=40,
+                                           temperature=0.0,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    [call] = first.choices[0].message.tool_calls
+    messages += [{"role": "assistant", "content": None, "tool_calls": [{
+        "id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": f"{city}: sunny, 22 C"}]
+    second = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL], max_tokens=12,
+                                            temperature=0.0)
+    return messages + [{"role": "assistant", "content": second.choices[0].message.content}]
+
+
+def test_a_tool_using_agent_trains_in_the_format_it_was_served(phoenix: str, stack: Any, tokenizer: Any) -> None:
+    """An OpenInference-instrumented openai agent with a tool: its record's tokens are the served prompts,
+    tools included; scores given to its model-call spans count with level=span, and read at trace level
+    they give no records and a note naming the span level."""
+    import openai
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    client = openai.OpenAI(base_url=f"{stack['policy_model'].url}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    provider = TracerProvider(resource=Resource.create({"openinference.project.name": "tools"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{phoenix}/v1/traces")))
+    OpenAIInstrumentor().instrument(tracer_provider=provider)
+    conversations = {}
+    tracer = provider.get_tracer("weather-agent")
+    try:  # the agent: plain openai SDK code with a tool in one span of its own, nothing of rollgym's
+        for city in CITIES[:2]:
+            with tracer.start_as_current_span("weather-agent", attributes={"openinference.span.kind": "AGENT"}):
+                conversations[city] = tool_agent(client, model, city)
+    finally:
+        OpenAIInstrumentor().uninstrument()
+        provider.shutdown()
+    wait_for(lambda: len(roots(phoenix, "tools")) == 2, "the tool agent's traces")
+
+    records = read_source(f"trace://phoenix/tools?url={phoenix}", "sft", "bundled", tokenizer).records
+    assert len(records) == 2
+    for record in records:
+        city = next(c for c in CITIES if c in json_text(record["messages"]))
+        messages = conversations[city]
+        assert record["tools"] == [WEATHER_TOOL] and record["chat_template"].endswith("(tools: hermes)")
+        # The first model call's prompt, token by token, as the server built it (its "# Tools" block included).
+        first_prompt = served_prompt(stack, messages[:2])
+        assert record["prompt_ids"] == first_prompt
+        assert "# Tools" in tokenizer.decode(first_prompt) and '"name": "get_weather"' in tokenizer.decode(first_prompt)
+        # Everything before the answer: the call, then the tool's result in a user turn, as the second prompt.
+        mask = record["completion_mask"]
+        answer_start = max(i for i in range(len(mask)) if mask[i] and (i == 0 or not mask[i - 1]))
+        second_prompt = served_prompt(stack, messages[:4])
+        assert record["prompt_ids"] + record["completion_ids"][:answer_start] == second_prompt
+        assert "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n" in tokenizer.decode(
+            second_prompt[len(first_prompt):])
+        print(f"\n{city}: record prompt {len(record['prompt_ids'])} tokens == served first prompt "
+              f"{len(first_prompt)}; record up to the answer {answer_start + len(record['prompt_ids'])} tokens == "
+              f"served second prompt {len(second_prompt)}")
+
+    # Scores on the model-call spans (as Phoenix's UI or a span evaluation gives them): read by trace, none
+    # count and the source says so; read by span, they are the episodes' rewards.
+    spans = phx.spans("tools", phoenix)
+    answers = [s for s in spans if s.attributes.get("openinference.span.kind") == "LLM"
+               and "tool" in json_text([v for k, v in s.attributes.items() if k.startswith("llm.input_messages")])]
+    assert len(answers) == 2
+    for span, score in zip(answers, [1.0, 0.0]):
+        phx.annotate(span.trace_id, "quality", score, span_id=span.span_id, url=phoenix)
+    wanted = f"trace://phoenix/tools?url={phoenix}&score=quality&min_reward=1"
+    by_trace = read_source(wanted, "sft", "bundled", tokenizer)
+    assert by_trace.records == [] and by_trace.dropped == {"no_reward": 2}
+    assert by_trace.notes and "2 span annotations on 2 traces" in by_trace.notes[0] and "level=span" in by_trace.notes[0]
+    by_span = read_source(f"{wanted}&level=span", "sft", "bundled", tokenizer)
+    assert len(by_span.records) == 1 and by_span.dropped == {"below_min_reward": 1} and by_span.notes == []
+    assert by_span.records[0]["reward"] == 1.0
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value)

@@ -45,30 +45,36 @@ def test_trace_sources_give_each_trainer_its_records(tmp_path: Path, tokenizer: 
     ids = weather_store(tmp_path / "store")
     uri = f"trace://local/{tmp_path}/store"
     assert [t.reward("thumbs") for t in read_traces(uri)] == [1.0, 0.0, 1.0, 0.2]
-    rows, records = read_source(f"{uri}?score=thumbs&min_reward=1", "sft", "bundled", tokenizer)
-    assert rows == [] and [(r["rollout_id"], r["token_source"]) for r in records] == [
+    sft = read_source(f"{uri}?score=thumbs&min_reward=1", "sft", "bundled", tokenizer)
+    records = sft.records
+    assert sft.rows == [] and [(r["rollout_id"], r["token_source"]) for r in records] == [
         (ids[0], "served"), (ids[2], "retokenized")]
+    assert sft.dropped == {"below_min_reward": 2} and sft.notes == []  # the source says what it left out
     assert records[0]["completion_ids"] == [7, 15] and records[0]["completion_mask"] == [1, 1]
-    _, pairs = read_source(f"{uri}?score=thumbs", "preferences", "bundled", tokenizer)
+    assert records[0]["chat_template"] is None and records[1]["chat_template"].endswith("(tools: hermes)")
+    pairs = read_source(f"{uri}?score=thumbs", "preferences", "bundled", tokenizer).records
     assert [(p["chosen_rollout_id"], p["rejected_rollout_id"], p["token_source"]) for p in pairs] == [
         (ids[0], ids[1], "served"), (ids[2], ids[3], "retokenized")]
     # GRPO trains on served tokens and sampling logprobs: re-tokenized episodes are refused unless named.
     with pytest.raises(SourceError, match=r"2 of 4 episodes have no served token ids.*allow_retokenized"):
         read_source(f"{uri}?score=thumbs", "groups", "bundled", tokenizer)
-    rows, _ = read_source(f"trace://otlp/{tmp_path}/store/spans.jsonl?score=thumbs&allow_retokenized=true",
-                          "groups", "bundled", tokenizer)
+    rows = read_source(f"trace://otlp/{tmp_path}/store/spans.jsonl?score=thumbs&allow_retokenized=true",
+                       "groups", "bundled", tokenizer).rows
     assert [r["token_source"] for r in rows] == ["served", "served", "retokenized", "retokenized"]
     assert rows[0]["sequences"][0]["completion_logprobs"] == [-0.1, -0.2] and rows[0]["reward"] == 1.0
     # A rollouts file is still what it was: rows for curation.
     rollouts = tmp_path / "rollouts.jsonl"
     rollouts.write_text(json.dumps({"rollout_id": "r1", "reward": 1.0}) + "\n")
-    assert read_source(str(rollouts), "sft", "bundled") == ([{"rollout_id": "r1", "reward": 1.0}], [])
+    replay = read_source(str(rollouts), "sft", "bundled")
+    assert (replay.rows, replay.records) == ([{"rollout_id": "r1", "reward": 1.0}], [])
 
 
 @pytest.mark.parametrize("uri, message", [
     ("trace://jaeger/x", "not a source rollgym reads"), ("trace://otlp/", "name the file"),
     ("trace://local/nowhere", "no such file"), ("trace://phoenix/p?colour=red", "unknown option colour"),
     ("trace://local/x?top_k=many", "top_k='many' is not a number"),
+    ("trace://phoenix/p?level=episode", "level='episode': use trace or span"),
+    ("trace://local/x?level=span", "level=span: only trace://phoenix/"),
     ("trace://phoenix/p?url=http://127.0.0.1:9", "Phoenix is not reachable"),
     ("trace://langfuse/p", "LANGFUSE_PUBLIC_KEY"),
     ("dataset://hf/rollgym-no-such-dataset:train", "dataset://hf/rollgym-no-such-dataset:train: no such dataset"),
@@ -93,11 +99,11 @@ def test_dataset_hf_reads_a_saved_dataset(tmp_path: Path, tokenizer: Any) -> Non
     prefs = datasets.Dataset.from_list([{"prompt": "Capital of France?", "chosen": "Paris.", "rejected": "Rome."}])
     datasets.DatasetDict({"train": chats, "test": chats.select([1])}).save_to_disk(str(tmp_path / "chats"))
     prefs.save_to_disk(str(tmp_path / "prefs"))
-    _, records = read_source(f"dataset://hf/{tmp_path}/chats:train?min_reward=1", "sft", "bundled", tokenizer)
+    records = read_source(f"dataset://hf/{tmp_path}/chats:train?min_reward=1", "sft", "bundled", tokenizer).records
     assert len(records) == 1 and records[0]["token_source"] == "retokenized"
     assert tokenizer.decode(records[0]["completion_ids"]) == "4<|im_end|>\n"
     assert [t.reward() for t in read_traces(f"dataset://hf/{tmp_path}/chats:test")] == [0.0]
-    _, pairs = read_source(f"dataset://hf/{tmp_path}/prefs", "preferences", "bundled", tokenizer)
+    pairs = read_source(f"dataset://hf/{tmp_path}/prefs", "preferences", "bundled", tokenizer).records
     assert len(pairs) == 1 and tokenizer.decode(pairs[0]["chosen_ids"]).startswith("Paris.")
     with pytest.raises(SourceError, match="no split 'validation'"):
         read_traces(f"dataset://hf/{tmp_path}/chats:validation")
@@ -203,7 +209,7 @@ def test_trace_langfuse_reads_observations_and_scores(langfuse_server: str, monk
     assert ours.reward("thumbs") == 0.75 and ours.final_answer == "Sunny." and ours.token_source == "served"
     assert foreign.steps[0].name == "gpt-x" and foreign.steps[0].lat_ms == 1500
     assert foreign.messages() == [{"role": "user", "content": "Weather in Rome?"}, {"role": "assistant", "content": "Hot."}]
-    _, records = read_source("trace://langfuse/demo/weather?tag=prod", "sft", "bundled", tokenizer)
+    records = read_source("trace://langfuse/demo/weather?tag=prod", "sft", "bundled", tokenizer).records
     assert [r["token_source"] for r in records] == ["served", "retokenized"]
     monkeypatch.setenv("LANGFUSE_SECRET_KEY", "")
     with pytest.raises(SourceError, match="LANGFUSE_SECRET_KEY"):

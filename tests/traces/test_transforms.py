@@ -12,14 +12,19 @@ from rollgym.traces.tokens import retokenize
 from rollgym.traces.transforms import Filters, select, to_preferences, to_rollouts, to_sft, to_trajectories
 
 
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                                "required": ["city"]}}}
+
+
 def foreign(episode: str, question: str, answer: str, *rewards: float, tool_ok: bool = True,
             score: str = "thumbs") -> Trace:
     """A trace of an agent rollgym never served: text only."""
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    steps = [Step(kind="llm", input={"messages": [{"role": "user", "content": question}]},
+    steps = [Step(kind="llm", input={"messages": [{"role": "user", "content": question}], "tools": [WEATHER_TOOL]},
                   output={"messages": [{"role": "assistant", "content": None, "tool_calls": [call]}]}),
              Step(kind="tool", name="get_weather", ok=tool_ok, output={"value": "sunny"}),
-             Step(kind="llm", input={"messages": [
+             Step(kind="llm", input={"tools": [WEATHER_TOOL], "messages": [
                  {"role": "user", "content": question}, {"role": "assistant", "content": None, "tool_calls": [call]},
                  {"role": "tool", "content": "sunny" if tool_ok else "Error: no such city", "tool_call_id": "c1"}]},
                   output={"messages": [{"role": "assistant", "content": answer}]})]
@@ -50,12 +55,18 @@ def test_sft_records_are_exact_when_served_and_retokenized_otherwise(tokenizer: 
     assert record["completion_ids"] == [4, 5, 9, 9, 6] and record["completion_mask"] == [1, 1, 0, 0, 1]
     [record] = to_sft([foreign("f1", "Weather in Paris?", "It is sunny.", 1.0)], tokenizer=tokenizer)
     assert record["token_source"] == "retokenized" and record["reward"] == 1.0
-    assert tokenizer.decode(record["prompt_ids"]).endswith("<|im_start|>user\nWeather in Paris?<|im_end|>\n"
-                                                           "<|im_start|>assistant\n")
+    assert record["tools"] == [WEATHER_TOOL] and record["chat_template"].endswith("(tools: hermes)")
+    # As the model servers render it for SmolLM2's template (no tool support): the tools in a system
+    # message, the call as a Hermes block, its result as a user turn of <tool_response>.
+    prompt = tokenizer.decode(record["prompt_ids"])
+    assert prompt.startswith("<|im_start|>system\n# Tools\n") and '{"name": "get_weather", "description"' in prompt
+    assert prompt.endswith("</tool_call><|im_end|>\n<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+                           "<|im_start|>assistant\n")
     said = model_text(tokenizer, record)
-    assert '"name": "get_weather"' in said and "It is sunny." in said and "sunny<|im_end|>" not in said.split("It is")[0]
-    assert "<|im_start|>tool\nsunny" in tokenizer.decode(
-        [t for t, m in zip(record["completion_ids"], record["completion_mask"]) if not m])
+    assert said.startswith('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>')
+    assert "It is sunny." in said and "sunny" not in said.split("It is")[0]
+    assert tokenizer.decode([t for t, m in zip(record["completion_ids"], record["completion_mask"]) if not m]) == (
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     # A template: the question and final answer only, as one exchange.
     [short] = to_sft([foreign("f1", "Weather in Paris?", "It is sunny.", 1.0)], tokenizer=tokenizer,
                      template={"system": "Be brief.", "user": "Q: {input}", "assistant": "{answer}"})
@@ -113,3 +124,22 @@ def test_trajectories_by_episode_or_steps_and_rollout_rows() -> None:
     rows = to_rollouts(traces)
     assert rows[0]["sequences"] == [] and rows[0]["token_source"] == "retokenized"
     assert rows[1]["sequences"][0]["completion_logprobs"] == [-0.1, -0.2, 0.0, 0.0, -0.3] and rows[1]["prefix_ok"]
+
+
+def test_a_retokenized_record_is_the_prompt_the_embedded_model_builds(tokenizer: Any) -> None:
+    """The record of a foreign tool-using trace, token for token, against llama.cpp's own rendering and
+    tokenizer of the same messages and tools (the embedded model server's prompt, not rollgym's
+    transformers path): the first call's prompt, and everything before the answer as the second call's."""
+    pytest.importorskip("llama_cpp", reason="the embedded model needs llama-cpp-python (make install builds it)")
+    from models.llamacpp.engine import LlamaEngine
+
+    engine = LlamaEngine(n_ctx=2048, seed=0)
+    trace = foreign("f1", "Weather in Paris?", "It is sunny.", 1.0)
+    [record] = to_sft([trace], tokenizer=tokenizer)
+    messages = trace.messages()
+    first, _ = engine.prompt_token_ids(messages[:1], [WEATHER_TOOL])
+    assert record["prompt_ids"] == first
+    second, _ = engine.prompt_token_ids(messages[:3], [WEATHER_TOOL])
+    mask = record["completion_mask"]
+    answer = max(i for i in range(len(mask)) if mask[i] and not mask[i - 1])
+    assert record["prompt_ids"] + record["completion_ids"][:answer] == second

@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # the web stack loads only when a server is built
     from ..server import BaseServer
 
 
-def build_server(spec: ServerSpec, stack: dict[str, Any]) -> BaseServer:
-    """The configured server instance for one entry of a stack file."""
+def build_server(spec: ServerSpec, stack: dict[str, Any], replica: int = 0) -> BaseServer:
+    """The configured server instance for one entry of a stack file (replica `replica` of it)."""
     from ..server import load_server_class
 
     server_class = load_server_class(spec)
@@ -36,6 +36,10 @@ def build_server(spec: ServerSpec, stack: dict[str, Any]) -> BaseServer:
         config = server_class.config_class.model_validate(spec.options)
     except ValidationError as exc:
         raise ServerStartError(format_validation_error(exc, spec)) from None
+    if replica and isinstance(getattr(config, "seed", None), int):
+        # Replicas of a seeded server (the embedded model) sample differently: replica i draws from seed + i.
+        # With one seed, two replicas answering a task's repeats at once would give identical rollouts.
+        config = config.model_copy(update={"seed": config.seed + replica})
     return server_class(
         config, name=spec.name, registry=registry_from_json(stack["registry"]), session_secret=stack["secret"]
     )
@@ -90,7 +94,7 @@ def build_replica(stack: dict[str, Any], name: str, replica: int = 0) -> tuple[B
     """The server and ASGI app of one replica of server `name` of `stack`; raises ServerStartError
     (or the server code's own import error) when it cannot be built."""
     spec = ServerSpec(**stack["servers"][name])
-    server = build_server(spec, stack)
+    server = build_server(spec, stack, replica)
     app: Any = server.build_app()
     if spec.replicas > 1:
         app = ReplicaHeaders(app, replica)

@@ -1,9 +1,10 @@
 """Steps as span attributes and back, under the OpenInference and OpenTelemetry GenAI conventions.
 
 Written: OpenInference's flat keys (`openinference.span.kind`, `llm.input_messages.0.message.role`,
-`input.value`, `tool.name`, `tag.tags`, `metadata`), which Phoenix shows and LangFuse's OTLP endpoint maps,
+`llm.tools.0.tool.json_schema`, `input.value`, `tool.name`, `tag.tags`, `metadata`), which Phoenix shows and LangFuse's OTLP endpoint maps,
 plus GenAI's (`gen_ai.operation.name`, `gen_ai.request.model`, `gen_ai.usage.*`). Read: the same, and
-GenAI's message forms (`gen_ai.prompt.N.*` / `gen_ai.completion.N.*`, `gen_ai.input.messages` JSON), so
+GenAI's message and tool forms (`gen_ai.prompt.N.*` / `gen_ai.completion.N.*`, `gen_ai.input.messages` JSON,
+`gen_ai.tool.definitions`), so
 spans of agents instrumented by either family assemble alike. rollgym's own keys carry what only a
 served call knows: token ids, sampling logprobs, the model version.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..chat_conversion import ConversionError, chat_tools_to_responses_tools, responses_tools_to_chat_tools
 from ..tracing import (  # the names the agent servers' rollout traces use too
     COMPLETION_IDS, EPISODE_ID, EPISODE_TASK, LOGPROBS, MODEL_VERSION, PROMPT_IDS, REWARD_NAME, REWARD_SOURCE,
     REWARD_VALUE,
@@ -25,6 +27,9 @@ INPUT_MIME, OUTPUT_MIME = "input.mime_type", "output.mime_type"
 TAGS, METADATA = "tag.tags", "metadata"
 STEP_IDX = "rollgym.step.idx"
 STEP_KINDS = {"llm": "LLM", "tool": "TOOL", "node": "CHAIN", "answer": "CHAIN"}
+# The tools a model call advertised: OpenInference's `llm.tools.N.tool.json_schema` (each tool's JSON, as the
+# openai instrumentation records the request's), GenAI's `gen_ai.tool.definitions` (one JSON list).
+TOOLS, GENAI_TOOLS = "llm.tools", "gen_ai.tool.definitions"
 
 
 def _json(value: Any) -> str:
@@ -50,12 +55,38 @@ def message_attributes(prefix: str, messages: list[dict[str, Any]]) -> dict[str,
     return out
 
 
+def tool_attributes(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """OpenInference's keys of the tools a model call advertised."""
+    return {f"{TOOLS}.{i}.tool.json_schema": _json(tool) for i, tool in enumerate(tools)}
+
+
+def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A recorded tool (chat form `{type, function: {...}}`, or Responses' / GenAI's flat `{type, name, ...}`) as
+    rollgym's model servers hand tools to a chat template (`responses_tools_to_chat_tools`: name, description,
+    parameters); a tool that is no function tool stays as recorded."""
+    try:
+        flat = chat_tools_to_responses_tools([tool])[0] if isinstance(tool.get("function"), dict) else tool
+        return responses_tools_to_chat_tools([flat])[0]
+    except ConversionError:
+        return tool
+
+
+def tools_from(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tools a model call's span says it advertised, in the form its chat template got them."""
+    found = [_maybe_json(fields.get("tool.json_schema")) for fields in _indexed(attrs, TOOLS).values()]
+    if not found:
+        whole = _maybe_json(attrs.get(GENAI_TOOLS))
+        found = whole if isinstance(whole, list) else []
+    return [chat_tool(tool) for tool in found if isinstance(tool, dict)]
+
+
 def step_attributes(step: Step) -> dict[str, Any]:
     """The attributes of a step's span."""
     attrs: dict[str, Any] = {KIND: STEP_KINDS[step.kind], STEP_IDX: step.idx}
     if step.kind == "llm":
         attrs.update(message_attributes("llm.input_messages", step.input.get("messages") or []))
         attrs.update(message_attributes("llm.output_messages", step.output.get("messages") or []))
+        attrs.update(tool_attributes(step.input.get("tools") or []))
         attrs["gen_ai.operation.name"] = "chat"
         if step.name:
             attrs["llm.model_name"] = attrs["gen_ai.request.model"] = step.name
@@ -179,7 +210,9 @@ def step_from(attrs: dict[str, Any], name: str, idx: int, ok: bool, error: str |
         calls = [{"name": c["function"]["name"], "arguments": _maybe_json(c["function"]["arguments"]), "id": c.get("id")}
                  for m in output for c in m.get("tool_calls") or []]
         model = attrs.get("llm.model_name") or attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model")
-        return Step(idx=idx, kind="llm", name=model, input={"messages": messages_from(attrs, "input")},
+        tools = tools_from(attrs)
+        return Step(idx=idx, kind="llm", name=model,
+                    input={"messages": messages_from(attrs, "input"), **({"tools": tools} if tools else {})},
                     output={"messages": output}, tool_calls=calls, ok=ok, error=error, lat_ms=lat_ms, tokens=tokens)
     if kind in ("TOOL", "CHAIN"):
         tool = kind == "TOOL"
@@ -196,5 +229,5 @@ def step_from(attrs: dict[str, Any], name: str, idx: int, ok: bool, error: str |
 
 
 __all__ = ["EPISODE_ID", "EPISODE_TASK", "INPUT", "KIND", "METADATA", "OUTPUT", "REWARD_NAME", "REWARD_SOURCE",
-           "REWARD_VALUE", "TAGS", "message_attributes", "messages_from", "reward_attributes", "span_kind",
-           "step_attributes", "step_from"]
+           "REWARD_VALUE", "TAGS", "TOOLS", "chat_tool", "message_attributes", "messages_from", "reward_attributes",
+           "span_kind", "step_attributes", "step_from", "tool_attributes", "tools_from"]

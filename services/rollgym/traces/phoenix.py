@@ -2,8 +2,9 @@
 
 `GET /v1/projects/{project}/spans/otlpv1` pages through a project's spans in OTLP's JSON structure;
 `GET /v1/projects/{project}/trace_annotations?trace_ids=...` gives the annotations (a user's thumbs, a
-judge's grade) attached to them, which become rewards named by the annotation. `annotate()` attaches one
-(`POST /v1/trace_annotations`). Spans reach Phoenix over OTLP/HTTP at `{url}/v1/traces`; a span's project is
+judge's grade) attached to them, which become rewards named by the annotation; `.../span_annotations?span_ids=`
+those attached to single spans (a model call scored in the UI, a span evaluation), which a source reads with
+`level=span`. `annotate()` attaches one (`POST /v1/trace_annotations` or `/v1/span_annotations`). Spans reach Phoenix over OTLP/HTTP at `{url}/v1/traces`; a span's project is
 its resource attribute `openinference.project.name` (Tracing(project=...)).
 """
 
@@ -66,20 +67,31 @@ def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
 def trace_rewards(project: str, trace_ids: list[str], url: str | None = None,
                   timeout_s: float = 60.0) -> list[tuple[str, Reward]]:
     """(trace id, Reward) for each trace annotation with a score; a label-only annotation has none."""
+    return _rewards(project, "trace", trace_ids, url, timeout_s)
+
+
+def span_rewards(project: str, span_ids: list[str], url: str | None = None,
+                 timeout_s: float = 60.0) -> list[tuple[str, Reward]]:
+    """(span id, Reward) for each span annotation with a score (what Phoenix's UI and its span evaluations
+    attach to a model call or any other span)."""
+    return _rewards(project, "span", span_ids, url, timeout_s)
+
+
+def _rewards(project: str, level: str, ids: list[str], url: str | None, timeout_s: float) -> list[tuple[str, Reward]]:
     base = phoenix_url(url)
-    where = f"trace://phoenix/{project} ({base}) annotations"
+    where = f"trace://phoenix/{project} ({base}) {level} annotations"
     out: list[tuple[str, Reward]] = []
     with httpx.Client(base_url=base, timeout=timeout_s) as client:
-        for chunk in _chunks(sorted(set(trace_ids)), ANNOTATION_BATCH):
+        for chunk in _chunks(sorted(set(ids)), ANNOTATION_BATCH):
             cursor = None
             while True:
-                params: dict[str, Any] = {"trace_ids": chunk, "limit": PAGE, **({"cursor": cursor} if cursor else {})}
-                page = _get(client, f"/v1/projects/{project}/trace_annotations", params, where)
+                params: dict[str, Any] = {f"{level}_ids": chunk, "limit": PAGE, **({"cursor": cursor} if cursor else {})}
+                page = _get(client, f"/v1/projects/{project}/{level}_annotations", params, where)
                 for note in page.get("data") or []:
                     result = note.get("result") or {}
                     if result.get("score") is None:
                         continue
-                    out.append((note["trace_id"], Reward(
+                    out.append((note[f"{level}_id"], Reward(
                         value=float(result["score"]), name=str(note.get("name") or "reward"),
                         source=str(note.get("annotator_kind") or "HUMAN").lower(),
                         comment=result.get("explanation") or result.get("label"))))
@@ -90,14 +102,16 @@ def trace_rewards(project: str, trace_ids: list[str], url: str | None = None,
 
 
 def annotate(trace_id: str, name: str, score: float, *, label: str | None = None, kind: str = "HUMAN",
-             url: str | None = None, timeout_s: float = 30.0) -> None:
-    """Attach a score to a trace in Phoenix (what a user's feedback button does)."""
-    body = {"data": [{"name": name, "annotator_kind": kind, "trace_id": trace_id,
+             url: str | None = None, timeout_s: float = 30.0, span_id: str | None = None) -> None:
+    """Attach a score to a trace in Phoenix (what a user's feedback button does), or with `span_id` to that
+    span (a span annotation)."""
+    level, target = ("span", span_id) if span_id else ("trace", trace_id)
+    body = {"data": [{"name": name, "annotator_kind": kind, f"{level}_id": target,
                       "result": {"score": score, **({"label": label} if label else {})}}]}
-    response = httpx.post(f"{phoenix_url(url)}/v1/trace_annotations", params={"sync": True}, json=body,
+    response = httpx.post(f"{phoenix_url(url)}/v1/{level}_annotations", params={"sync": True}, json=body,
                           timeout=timeout_s)
     if response.status_code >= 400:
-        raise PhoenixError(f"annotating trace {trace_id}: HTTP {response.status_code}: {response.text[:300]}")
+        raise PhoenixError(f"annotating {level} {target}: HTTP {response.status_code}: {response.text[:300]}")
 
 
-__all__ = ["DEFAULT_URL", "PhoenixError", "annotate", "phoenix_url", "spans", "trace_rewards"]
+__all__ = ["DEFAULT_URL", "PhoenixError", "annotate", "phoenix_url", "span_rewards", "spans", "trace_rewards"]

@@ -46,7 +46,8 @@ class Step(_Model):
     idx: int = 0
     kind: StepKind = "node"
     name: str | None = Field(default=None, description="the node, tool or model name")
-    input: dict[str, Any] = Field(default_factory=dict, description="llm: {messages: [...]}; tool: its arguments")
+    input: dict[str, Any] = Field(default_factory=dict, description="llm: {messages: [...], tools?: [...] (chat "
+                                                                    "form, as advertised)}; tool: its arguments")
     output: dict[str, Any] = Field(default_factory=dict, description="llm: {messages: [...]}; tool: {value: ...}")
     tool_calls: list[dict[str, Any]] = Field(default_factory=list, description="{name, arguments, id} the step made")
     ok: bool = Field(default=True, description="false: the node or tool raised (its span's status is ERROR)")
@@ -97,6 +98,11 @@ class Trace(_Model):
             return []
         last = calls[-1]
         return list(last.input.get("messages") or []) + list(last.output.get("messages") or [])
+
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools the last model call advertised (chat form), which its prompt rendered."""
+        calls = self.llm_steps()
+        return list(calls[-1].input.get("tools") or []) if calls else []
 
     @property
     def token_source(self) -> TokenSource:

@@ -9,12 +9,15 @@
 Options are the URI's query: `score` (the reward's name), `min_reward`, `top_k`, `dedupe`, `tool_success_only`,
 `drop_unsafe` (`module:function` of the user's, or `judge:<llm_judge url>`), `keep_failed`, for preferences
 `pair_by` (input | reward_gap | feedback), `min_gap` (0.1), `threshold` (0.5), for LangFuse `tag`, for Phoenix
-`url`, and `allow_retokenized` (GRPO on traces without served tokens: refused unless named here), e.g.
-`trace://phoenix/weather?score=thumbs&min_reward=1`.
+`url` and `level` (`trace`, the default: trace annotations are the rewards; `span`: annotations of single spans,
+each joined to its span's episode), and `allow_retokenized` (GRPO on traces without served tokens: refused
+unless named here), e.g. `trace://phoenix/weather?score=thumbs&min_reward=1`. A source whose scores are all
+at the other level says so (a note naming `level=...`), and every trace it drops is counted by reason.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -22,11 +25,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..config import import_target
 from ..data.jsonl import read_whole_lines
-from .schema import Trace
+from .schema import Reward, Trace
 from .transforms import Filters, select, to_preferences, to_rollouts, to_sft
 
 OPTIONS = {"score", "min_reward", "top_k", "dedupe", "tool_success_only", "drop_unsafe", "keep_failed", "pair_by",
-           "min_gap", "threshold", "tag", "url", "allow_retokenized"}
+           "min_gap", "threshold", "tag", "url", "allow_retokenized", "level"}
+LEVELS = ("trace", "span")  # where a Phoenix project's scores are read from: trace or span annotations
 STORES = {"trace": ("local", "otlp", "phoenix", "langfuse"), "dataset": ("hf",)}
 
 
@@ -72,6 +76,11 @@ def parse(uri: str) -> Source:
     unknown = sorted(set(options) - OPTIONS)
     if unknown:
         raise SourceError(f"{uri}: unknown option {', '.join(unknown)} (options: {', '.join(sorted(OPTIONS))})")
+    if "level" in options and options["level"] not in LEVELS:
+        raise SourceError(f"{uri}: level={options['level']!r}: use trace or span")
+    if options.get("level") == "span" and parts.netloc != "phoenix":
+        raise SourceError(f"{uri}: level=span: only trace://phoenix/ keeps scores at two levels (trace and span "
+                          "annotations); this store's rewards are its traces'")
     return Source(uri, parts.scheme, parts.netloc, path, options)
 
 
@@ -95,8 +104,32 @@ def plan_problems(stages: list[Any]) -> list[str]:
     return problems
 
 
+@dataclass
+class Loaded:
+    """A source's episodes, with what the reader has to say about them (scores found only at the other level)."""
+
+    traces: list[Trace]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Replay:
+    """What a stage's `replay` entry gives its curation: rollout rows, finished records, the traces the source
+    dropped by reason, and its notes."""
+
+    rows: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    dropped: Counter = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+
 def read_traces(source: Source | str) -> list[Trace]:
     """Every episode the source holds, rewards joined."""
+    return load(source).traces
+
+
+def load(source: Source | str) -> Loaded:
+    """Every episode the source holds, rewards joined, and the notes of its reader."""
     from .assemble import assemble
 
     source = parse(source) if isinstance(source, str) else source
@@ -109,28 +142,54 @@ def read_traces(source: Source | str) -> list[Trace]:
                 path = path / "spans.jsonl"
             if not path.is_file():
                 raise SourceError(f"{source.uri}: no such file: {path}")
-            return assemble(read_otlp_file(path))
+            return Loaded(assemble(read_otlp_file(path)))
         if source.store == "phoenix":
-            from . import phoenix
-
-            spans = phoenix.spans(source.path, source.options.get("url"))
-            rewards = phoenix.trace_rewards(source.path, [s.trace_id for s in spans], source.options.get("url"))
-            return assemble(spans, rewards)
+            return _phoenix(source)
         if source.store == "langfuse":
             from . import langfuse
 
             project, _, name = source.path.partition("/")
-            return langfuse.traces(project, tag=source.options.get("tag"), name=name or None,
-                                   url=source.options.get("url"))
+            return Loaded(langfuse.traces(project, tag=source.options.get("tag"), name=name or None,
+                                          url=source.options.get("url")))
         from .hf import dataset_traces
 
-        return dataset_traces(source.path)
+        return Loaded(dataset_traces(source.path))
     except SourceError:
         raise
     except ValueError as exc:  # PhoenixError, LangfuseError, DatasetError, a malformed OTLP line
         message = str(exc)
         raise SourceError(message if source.uri in message or message.startswith(("trace://", "dataset://"))
                           else f"{source.uri}: {message}") from None
+
+
+def _phoenix(source: Source) -> Loaded:
+    """A Phoenix project's episodes with the rewards of the level asked for (a span's joined to its episode
+    through its trace); when none of them is the score asked for, a note of how many the other level has."""
+    from . import phoenix
+    from .assemble import assemble
+
+    url, level = source.options.get("url"), source.options.get("level", "trace")
+    spans = phoenix.spans(source.path, url)
+    trace_of = {span.span_id: span.trace_id for span in spans}
+
+    def rewards(at: str) -> list[tuple[str, Reward]]:
+        if at == "trace":
+            return phoenix.trace_rewards(source.path, sorted(set(trace_of.values())), url)
+        return [(trace_of[span], reward) for span, reward in phoenix.span_rewards(source.path, sorted(trace_of), url)]
+
+    chosen = rewards(level)
+    score = source.options.get("score") or None
+    named = lambda found: [(t, r) for t, r in found if score is None or r.name == score]  # noqa: E731
+    notes = []
+    if spans and not named(chosen):
+        other = "span" if level == "trace" else "trace"
+        elsewhere = named(rewards(other))
+        if elsewhere:
+            what = f"a score named {score!r}" if score else "a score"
+            notes.append(f"{source.uri}: no {level} annotation has {what}, but {len(elsewhere)} {other} annotations "
+                         f"on {len({t for t, _ in elsewhere})} traces do: add level={other} to this source to train "
+                         "on them")
+    return Loaded(assemble(spans, chosen), notes)
 
 
 def filters_of(source: Source) -> Filters:
@@ -155,15 +214,15 @@ def unsafe_filter(source: Source) -> Callable[[Trace], bool] | None:
         raise SourceError(f"{source.uri}: drop_unsafe: {exc}") from None
 
 
-def read_source(entry: str, kind: str, base_model: str,
-                tokenizer: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """What a stage's `replay` entry gives its curation: (rollout rows, finished records). A rollouts file
-    gives rows; a source gives finished SFT or preference records, or, for GRPO groups, rows with served
-    tokens (a source with re-tokenized episodes is refused unless it says allow_retokenized)."""
+def read_source(entry: str, kind: str, base_model: str, tokenizer: Any = None) -> Replay:
+    """What a stage's `replay` entry gives its curation: a rollouts file gives rows; a source gives finished
+    SFT or preference records, or, for GRPO groups, rows with served tokens (a source with re-tokenized
+    episodes is refused unless it says allow_retokenized); with the traces it dropped, counted by reason."""
     if not is_source(entry):
-        return read_whole_lines(Path(entry)), []
+        return Replay(read_whole_lines(Path(entry)), [])
     source = parse(entry)
-    traces = read_traces(source)
+    loaded = load(source)
+    traces = loaded.traces
     filters = filters_of(source)
     need_tokenizer = kind != "groups" or source.flag("allow_retokenized")
     if tokenizer is None and need_tokenizer and any(t.token_source == "retokenized" for t in traces):
@@ -171,14 +230,16 @@ def read_source(entry: str, kind: str, base_model: str,
 
         tokenizer = load_tokenizer(base_model)
     if kind == "sft":
-        return [], to_sft(traces, tokenizer=tokenizer, filters=filters)
+        records = to_sft(traces, tokenizer=tokenizer, filters=filters)
+        return Replay([], records, filters.dropped, loaded.notes)
     if kind == "preferences":
         pair_by = source.options.get("pair_by", "input")
         if pair_by not in ("input", "reward_gap", "feedback"):
             raise SourceError(f"{entry}: pair_by={pair_by!r}: use input, reward_gap or feedback")
-        return [], to_preferences(traces, tokenizer=tokenizer, pair_by=pair_by,  # type: ignore[arg-type]
-                                  min_gap=source.number("min_gap", 0.1) or 0.0,
-                                  threshold=source.number("threshold", 0.5) or 0.0, filters=filters)
+        pairs = to_preferences(traces, tokenizer=tokenizer, pair_by=pair_by,  # type: ignore[arg-type]
+                               min_gap=source.number("min_gap", 0.1) or 0.0,
+                               threshold=source.number("threshold", 0.5) or 0.0, filters=filters)
+        return Replay([], pairs, filters.dropped, loaded.notes)
     kept = select(traces, filters)
     foreign = [t.episode.id for t in kept if t.token_source == "retokenized"]
     if foreign and not source.flag("allow_retokenized"):
@@ -196,7 +257,9 @@ def read_source(entry: str, kind: str, base_model: str,
                                  "completion_mask": sequence["completion_mask"],
                                  "completion_logprobs": [0.0] * len(sequence["completion_ids"])}]
             row["prefix_ok"] = True
-    return rows, []
+            row["chat_template"] = sequence["chat_template"]
+    return Replay(rows, [], filters.dropped, loaded.notes)
 
 
-__all__ = ["Source", "SourceError", "filters_of", "is_source", "parse", "plan_problems", "read_source", "read_traces"]
+__all__ = ["LEVELS", "Loaded", "Replay", "Source", "SourceError", "filters_of", "is_source", "load", "parse",
+           "plan_problems", "read_source", "read_traces"]

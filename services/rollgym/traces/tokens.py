@@ -2,21 +2,25 @@
 
 A served trace's model calls carry their prompt and completion token ids and sampling logprobs; they merge
 into trainer sequences as rollouts' do (`rollgym.sequences.merge_sequences`: environment tokens between
-turns masked 0). A foreign trace has only text: its conversation is rendered with the base model's chat
-template and tokenized; the assistant's tokens are masked 1, the rest 0, and every record says
-`token_source: retokenized` (no sampling logprobs: RL refuses it unless a plan allows it by name).
+turns masked 0). A foreign trace has only text: its conversation, with the tools its model call advertised, is rendered
+exactly as rollgym's model servers render it for the base model (`rollgym.tool_calls.render_chat`: the
+chat template's own tool support, or the tools in the system message and calls and results as Hermes
+blocks, a tool result in a user turn) and tokenized; the assistant's tokens are masked 1, the rest 0, and
+every record says `token_source: retokenized` and which template rendered it (`chat_template`); no
+sampling logprobs: RL refuses it unless a plan allows it by name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
-import json
 import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..sequences import merge_sequences
+from ..tool_calls import render_chat, template_knows_tools
 from .schema import Trace
 
 # The package that ships the embedded model's GGUF (base_model: bundled).
@@ -38,53 +42,44 @@ def served_sequences(trace: Trace) -> list[dict[str, Any]]:
     return sequences
 
 
-def renderable(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as a plain chat template renders it: tool calls written into the content (Hermes'
-    <tool_call> form), content as text."""
-    content = message.get("content")
-    text = content if isinstance(content, str) else ("" if content is None else json.dumps(content))
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or call
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                pass
-        text += ("\n" if text else "") + "<tool_call>\n" + json.dumps(
-            {"name": function.get("name"), "arguments": arguments}) + "\n</tool_call>"
-    return {"role": message.get("role", "user"), "content": text}
+def _ids(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+         generation_prompt: bool) -> list[int]:
+    """A conversation's token ids as the model server builds them: its rendering (rollgym.tool_calls.
+    render_chat: the template's own tools, or the Hermes lowering), tokenized without added specials."""
+    text = render_chat(tokenizer, messages, tools, generation_prompt)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _ids(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
-    if isinstance(out, dict) or hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
-        out = out["input_ids"]
-    return list(out)
+def template_name(tokenizer: Any) -> str:
+    """Which chat template a re-tokenized record was rendered with: the tokenizer's model and the
+    template's hash, and how tools reached it (`tools: native`, or `tools: hermes` lowered to text)."""
+    template = tokenizer.chat_template or ""
+    digest = hashlib.sha256(template.encode()).hexdigest()[:12]
+    tools = "native" if template_knows_tools(template) else "hermes"
+    return f"{Path(str(tokenizer.name_or_path)).name}@sha256:{digest} (tools: {tools})"
 
 
-def retokenize(tokenizer: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """{prompt_ids, completion_ids, completion_mask} of a conversation: the prompt is everything before the
-    first assistant message; in the completion, the assistant's tokens are 1 and the others 0."""
-    rendered = [renderable(m) for m in messages]
-    first = next((i for i, m in enumerate(rendered) if m["role"] == "assistant"), None)
-    if first is None:
+def retokenize(tokenizer: Any, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """{prompt_ids, completion_ids, completion_mask, chat_template} of a conversation rendered as the model
+    server renders it (with `tools`, chat form, advertised): the prompt is everything before the first
+    assistant message; in the completion, each assistant message's tokens are 1 and the turns between
+    them (tool results, users) 0. Messages after the last assistant one teach nothing and are left out."""
+    assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not assistants:
         raise TokenizeError("the conversation has no assistant message")
-    prompt = _ids(tokenizer, rendered[:first], True)
+    prompt = _ids(tokenizer, messages[: assistants[0]], tools, True)
     tokens, mask = list(prompt), []
-    for k in range(first, len(rendered)):
-        if rendered[k]["role"] == "assistant":
-            before = _ids(tokenizer, rendered[:k], True)
-        else:
-            before = _ids(tokenizer, rendered[:k], False)
-        after = _ids(tokenizer, rendered[: k + 1], False)
+    for k in assistants:
+        before = _ids(tokenizer, messages[:k], tools, True)
+        after = _ids(tokenizer, messages[: k + 1], tools, False)
         if before[: len(tokens)] != tokens or after[: len(before)] != before:
             raise TokenizeError(f"the chat template does not extend the tokens before message {k}")
-        glue = before[len(tokens):]
-        own = after[len(before):]
-        mask += [0] * len(glue) + [1 if rendered[k]["role"] == "assistant" else 0] * len(own)
+        glue, own = before[len(tokens):], after[len(before):]
+        mask += [0] * len(glue) + [1] * len(own)
         tokens = after
-    return {"prompt_ids": prompt, "completion_ids": tokens[len(prompt):], "completion_mask": mask}
+    return {"prompt_ids": prompt, "completion_ids": tokens[len(prompt):], "completion_mask": mask,
+            "chat_template": template_name(tokenizer)}
 
 
 @lru_cache(maxsize=4)
@@ -114,4 +109,4 @@ def load_tokenizer(base_model: str) -> Any:
     return AutoTokenizer.from_pretrained(base_model)
 
 
-__all__ = ["TokenizeError", "load_tokenizer", "renderable", "retokenize", "served_sequences"]
+__all__ = ["TokenizeError", "load_tokenizer", "retokenize", "served_sequences", "template_name"]

@@ -106,12 +106,14 @@ def select(traces: Iterable[Trace], filters: Filters | None = None) -> list[Trac
 
 
 def tokens_of(trace: Trace, tokenizer: Any, messages: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """The trace's token sequences with their source: the served ones, else its conversation re-tokenized."""
+    """The trace's token sequences with their source: the served ones, else its conversation re-tokenized with
+    the tools its last model call advertised (`chat_template` says which template rendered it)."""
     if messages is None and trace.token_source == "served":
         return [{**s, "token_source": "served"} for s in served_sequences(trace)]
     if tokenizer is None:
         raise TokenizeError(f"episode {trace.episode.id} has no served token ids: re-tokenizing needs a tokenizer")
-    return [{**retokenize(tokenizer, messages or conversation(trace)), "token_source": "retokenized"}]
+    tools = trace.tools() if messages is None else None  # a template of the user's is their own format
+    return [{**retokenize(tokenizer, messages or conversation(trace), tools), "token_source": "retokenized"}]
 
 
 def apply_template(trace: Trace, template: Any) -> list[dict[str, Any]] | None:
@@ -130,8 +132,9 @@ def apply_template(trace: Trace, template: Any) -> list[dict[str, Any]] | None:
 
 def to_sft(traces: Iterable[Trace], *, tokenizer: Any = None, template: Any = None,
            filters: Filters | None = None) -> list[dict[str, Any]]:
-    """One SFT record per token sequence of each selected trace: messages, prompt_ids, completion_ids,
-    completion_mask (1 = the model's tokens), reward, token_source."""
+    """One SFT record per token sequence of each selected trace: messages, tools (those the model call
+    advertised, when any), prompt_ids, completion_ids, completion_mask (1 = the model's tokens), reward,
+    token_source and chat_template (the template a re-tokenized record was rendered with; None: served)."""
     f = filters or Filters()
     records = []
     for trace in select(traces, f):
@@ -142,10 +145,13 @@ def to_sft(traces: Iterable[Trace], *, tokenizer: Any = None, template: Any = No
             f.dropped["untokenizable"] += 1
             continue
         for sequence in sequences:
+            tools = trace.tools() if messages is None else []
             records.append({"rollout_id": trace.episode.id, "group_id": group_of(trace),
                             "reward": trace.reward(f.score), "messages": messages or conversation(trace),
+                            **({"tools": tools} if tools else {}),
                             "prompt_ids": sequence["prompt_ids"], "completion_ids": sequence["completion_ids"],
-                            "completion_mask": sequence["completion_mask"], "token_source": sequence["token_source"]})
+                            "completion_mask": sequence["completion_mask"], "token_source": sequence["token_source"],
+                            "chat_template": sequence.get("chat_template")})
     return records
 
 
@@ -202,7 +208,8 @@ def preference(chosen: Trace, rejected: Trace, tokenizer: Any, score: str | None
             "rejected": conversation(rejected)[len(prompt_messages(rejected)):],
             "quality_difference": chosen.reward(score) - rejected.reward(score),
             "prompt_ids": a["prompt_ids"], "chosen_ids": a["completion_ids"], "rejected_ids": b["completion_ids"],
-            "chosen_mask": a["completion_mask"], "rejected_mask": b["completion_mask"], "token_source": source}
+            "chosen_mask": a["completion_mask"], "rejected_mask": b["completion_mask"], "token_source": source,
+            "chat_template": a.get("chat_template") or b.get("chat_template")}
 
 
 def to_trajectories(traces: Iterable[Trace], *, window: Literal["episode"] | int = "episode",

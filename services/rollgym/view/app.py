@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 
 from ..server import BadRequest, BaseServer, JSONBytesResponse, ServerConfig, error_body
 from .index import SORT_KEYS, FileChangedError, Filters, RolloutIndex
+from .conversation import conversation_view
 from .rollout import group_view, table_row, token_view
 from .runs import Catalog, ViewError, read_history, run_charts, summarize_run
 from .tokens import Vocabulary
@@ -151,7 +152,8 @@ class ViewServer(BaseServer):
             except IndexError:
                 raise ViewError(f"run '{run_id}' has no rollout on line {line + 1} "
                                 f"({run.rollouts.count} indexed)") from None
-            return {"line": line, "rollout": row, "tokens": token_view(row, self.vocabulary)}
+            return {"line": line, "rollout": row, "tokens": token_view(row, self.vocabulary),
+                    "conversation": conversation_view(row)}
 
         @app.get("/api/runs/{run_id}/groups/{group_id:path}")  # a group id may hold a slash
         def group(run_id: str, group_id: str) -> dict[str, Any]:

@@ -86,6 +86,7 @@ class Curated:
     segments: int = 0  # the token sequences the kept rollouts train on (segments: last leaves out the others)
     segments_left_out: int = 0  # segments of kept rollouts not trained on (segments: last)
     flagged: Counter = field(default_factory=Counter)  # rollouts each filter type flagged, enforced or not
+    notes: list[str] = field(default_factory=list)  # what the replayed sources said (scores at another level)
 
     def summary(self) -> dict[str, Any]:
         return {"kind": self.kind, "records": len(self.records), "rollouts_in": self.rollouts_in,
@@ -95,7 +96,8 @@ class Curated:
                 "segments_left_out": self.segments_left_out,
                 "dropped_prefix_broken": self.dropped.get("prefix_broken", 0),
                 **({"flagged": dict(sorted(self.flagged.items()))} if self.flagged else {}),
-                **({"replayed": self.replayed} if self.replayed else {})}
+                **({"replayed": self.replayed} if self.replayed else {}),
+                **({"notes": list(self.notes)} if self.notes else {})}
 
 
 def reward_keys(config: CurateConfig) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -283,7 +284,7 @@ class TrainLoop:
             dropped = curated.summary()["dropped"]
             if not curated.records and not set(dropped) <= NO_SIGNAL:
                 raise CurationError(f"epoch {epoch} ({stage.name}): nothing left to train on after curation "
-                                    f"({dropped})")
+                                    f"({dropped})" + "".join(f"; {note}" for note in curated.notes))
         except (CurationError, SourceError) as exc:
             bar.done(error="nothing to train on")
             raise TrainError(str(exc)) from None
@@ -314,13 +315,16 @@ class TrainLoop:
         if not stage.replay:
             return live
         read = [read_source(entry, kind, self.plan.base_model) for entry in stage.replay]  # files, trace:// sources
-        rows = [row for found, _ in read for row in found]
+        rows = [row for replay in read for row in replay.rows]
         replayed = curate(rows, kind, stage.curate, epoch=epoch - 1, stage=f"{where} replay")
-        return Curated(kind, live.records + replayed.records + [r for _, records in read for r in records],
+        # what the sources themselves dropped (unscored, below min_reward, failed episodes) counts with the rest
+        by_sources = sum((replay.dropped for replay in read), Counter())
+        return Curated(kind, live.records + replayed.records + [r for replay in read for r in replay.records],
                        live.rollouts_in + replayed.rollouts_in,
-                       live.rollouts_kept + replayed.rollouts_kept, live.dropped + replayed.dropped,
+                       live.rollouts_kept + replayed.rollouts_kept, live.dropped + replayed.dropped + by_sources,
                        replayed=replayed.rollouts_in, segments=live.segments + replayed.segments,
-                       segments_left_out=live.segments_left_out + replayed.segments_left_out)
+                       segments_left_out=live.segments_left_out + replayed.segments_left_out,
+                       notes=[note for replay in read for note in replay.notes])
 
     # ------------------------------------------------------------------ optimize
 

@@ -351,6 +351,28 @@ function conversation(row) {
   return box;
 }
 
+// A rollout of several segments (sub-agents, a rewritten history): each segment under its own heading, each
+// model call of it with the input items it sent (a continuing call: those it added) and what came back.
+function segmentedConversation(view) {
+  const box = el("div", { class: "conversation segmented" });
+  view.segments.forEach((segment) => {
+    const conversation = segment.conversation === null || segment.conversation === undefined ? "" : ` · conversation ${segment.conversation}`;
+    const why = segment.index && segment.reason_text ? ` · began: ${segment.reason_text}` : "";
+    const part = el("section", { class: "conv-segment" },
+      el("div", { class: segment.index ? "segment" : "segment first", text: `segment ${segment.index + 1}${conversation}${why}` }));
+    segment.calls.forEach((call, c) => {
+      part.append(el("div", { class: "call-head muted", text: `model call ${c + 1} of ${segment.calls.length}: ${call.input.length} input item(s), ${call.output.length} output item(s)` }));
+      const input = el("div", { class: "call-input" });
+      for (const item of call.input) input.append(renderItem(item && typeof item === "object" ? item : { type: "unknown", value: item }));
+      const output = el("div", { class: "call-output" });
+      for (const item of call.output) output.append(renderItem(item && typeof item === "object" ? item : { type: "unknown", value: item }));
+      part.append(input, output);
+    });
+    box.append(part);
+  });
+  return box;
+}
+
 function renderItem(item) {
   const version = item.model_version ? el("span", { class: "muted", text: `  · ${item.model_version}` }) : null;
   const type = item.type || (item.role ? "message" : "unknown");
@@ -452,7 +474,8 @@ async function pageRollout(runId, line) {
     el("div", { class: "kv metrics" }, Object.entries(row.metrics || {}).flatMap(([k, v]) => [el("div", { text: k }), el("div", { text: fmt(v, 4) })])),
     el("details", {}, el("summary", { text: "task and environment fields" }), el("pre", { class: "json", text: JSON.stringify(details, null, 2) })));
   destroyCharts();
-  main.replaceChildren(head, el("h2", { text: "conversation" }), conversation(row),
+  const panel = data.conversation && data.conversation.segments ? segmentedConversation(data.conversation) : conversation(row);
+  main.replaceChildren(head, el("h2", { text: "conversation" }), panel,
     el("h2", { text: "tokens" }), tokenSequences(data.tokens));
   live("");
 }
