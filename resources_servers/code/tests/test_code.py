@@ -14,9 +14,9 @@ from rollgym.sandbox import programs as sandbox_module
 from resources_servers.code.app import (
     CodeServer,
     CodeServerConfig,
-    build_harness,
     extract_code,
     grade_run,
+    harness_files,
     parse_report,
 )
 from rollgym.sandbox import Sandbox, SandboxLimits, SandboxResult
@@ -120,8 +120,8 @@ def grade(box: Sandbox, code: str, tests: list[str] = ADD_TESTS, entry_point: st
     import asyncio
 
     nonce = secrets.token_hex(16)
-    script = build_harness(code, tests, entry_point, setup, timeout_s)
-    run = asyncio.run(box.run({"main.py": script}, stdin=f"{nonce}\n".encode()))
+    files = harness_files(code, tests, entry_point, setup, timeout_s)
+    run = asyncio.run(box.run(files, stdin=f"{nonce}\n".encode()))
     return grade_run(run, nonce, len(tests))
 
 
