@@ -125,15 +125,6 @@ def reask_message(score_max: int) -> dict[str, str]:
 # --- reading the score -------------------------------------------------------------------------------
 
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
-# "Score: 7/10", "**Final score:** 8 / 10", "Rating = 3 out of 5", "Grade: 85%".
-SCORE_LINE = re.compile(
-    rf"""(?:score|rating|grade)["'*_\s]*[:=]["'*_\s]*(?P<num>{NUMBER})\s*(?P<pct>%)?"""
-    rf"(?:\s*(?:/|out\s+of)\s*(?P<den>{NUMBER}))?",
-    re.IGNORECASE,
-)
-# "[[8]]", "[[8/10]]" (the MT-Bench convention).
-BRACKETS = re.compile(rf"\[\[\s*(?P<num>{NUMBER})\s*(?:/\s*(?P<den>{NUMBER})\s*)?\]\]")
-JSON_OBJECT = re.compile(r"\{[^{}]*\}")
 # "7/10" inside a JSON string value.
 FRACTION = re.compile(rf"^\s*(?P<num>{NUMBER})\s*(?:/|out\s+of)\s*(?P<den>{NUMBER})\s*$", re.IGNORECASE)
 
@@ -186,20 +177,29 @@ def _json_score(blob: str, score_max: int) -> float | None:
     return None
 
 
-def _statement_score(text: str, score_max: int) -> float | None:
-    """The last score statement of text (`Score: 7/10`, `[[8]]`, a JSON object), or None."""
-    candidates: list[tuple[int, float | None]] = []
-    for match in SCORE_LINE.finditer(text):
-        candidates.append((match.start(), normalise_score(match["num"], match["den"], bool(match["pct"]), score_max)))
-    for match in BRACKETS.finditer(text):
-        candidates.append((match.start(), normalise_score(match["num"], match["den"], False, score_max)))
-    for match in JSON_OBJECT.finditer(text):
-        score = _json_score(match.group(), score_max)
-        if score is not None:
-            candidates.append((match.start(), score))
-    if candidates:
-        return max(candidates, key=lambda c: c[0])[1]
-    bare = text.strip().rstrip(".")
+# A verdict that opens a line: "Score: 7/10", "**Final score:** 8 / 10", "Rating = 3 out of 5", "Grade: 85%",
+# "[[8]]", "Verdict: [[6/10]]".
+VERDICT_START = re.compile(
+    rf"""^[\s*_#>`"'-]*(?:final\s+)?(?:score|rating|grade)["'*_\s]*[:=]["'*_\s]*(?P<num>{NUMBER})\s*(?P<pct>%)?"""
+    rf"(?:\s*(?:/|out\s+of)\s*(?P<den>{NUMBER}))?",
+    re.IGNORECASE,
+)
+BRACKETS_START = re.compile(rf"""^[\s*_#>`"'-]*(?:(?:final\s+)?verdict["'*_\s]*:["'*_\s]*)?"""
+                            rf"\[\[\s*(?P<num>{NUMBER})\s*(?:/\s*(?P<den>{NUMBER})\s*)?\]\]", re.IGNORECASE)
+
+
+def _line_verdict(line: str, score_max: int) -> float | None:
+    """The score of a line that is a verdict (opens with one, or is one JSON object or one number), or None."""
+    line = line.strip()
+    match = VERDICT_START.match(line)
+    if match:
+        return normalise_score(match["num"], match["den"], bool(match["pct"]), score_max)
+    match = BRACKETS_START.match(line)
+    if match:
+        return normalise_score(match["num"], match["den"], False, score_max)
+    if line.startswith("{") and line.endswith("}"):
+        return _json_score(line, score_max)
+    bare = line.rstrip(".")
     if re.fullmatch(NUMBER, bare):
         return normalise_score(bare, None, False, score_max)
     return None
@@ -207,15 +207,17 @@ def _statement_score(text: str, score_max: int) -> float | None:
 
 def parse_score(text: str, score_max: int = 10) -> float | None:
     """The judge's score in [0, 1] from its reply, or None. Only the verdict counts: the reply's last
-    non-empty line (the last statement on it), or the whole reply when it is one JSON object. A score
-    the judge quotes earlier (from the answer, or a first thought) is not its verdict."""
+    non-empty line when it opens with a score statement (or is one JSON object or one number), or the
+    whole reply when it is one JSON object. A score the judge quotes (from the answer, in a note after its
+    verdict) or states earlier (a first thought it revised) is not its verdict; a reply without one is
+    re-asked."""
     stripped = text.strip()
     if stripped.startswith("{") and stripped.endswith("}"):
         whole = _json_score(stripped, score_max)
         if whole is not None:
             return whole
     lines = [line for line in stripped.splitlines() if line.strip()]
-    return _statement_score(lines[-1], score_max) if lines else None
+    return _line_verdict(lines[-1], score_max) if lines else None
 
 
 # A line of an answer that is a verdict in a form a judge's parser reads: the answer speaks to the parser.

@@ -2,8 +2,9 @@
 `/verify` of a served LLMJudgeServer that calls a judge model server over real HTTP.
 
 The judge is scripted to fail the way an injectable model does, in replies shaped like a real
-judge's: it reads the answer as the prompt delimits it, obeys instructions it finds outside that
-span, quotes the answer (its line about a score, else its last line) before its verdict, and otherwise grades honestly (10 when the
+judge's: it reads the answer as the prompt delimits it, obeys instructions it finds outside that span
+(a rubric that gives full marks to any answer included), notes after its verdict a score the answer
+gave itself, answers a re-ask with its verdict line alone, and otherwise grades honestly (10 when the
 answer names Rayleigh scattering, else 2). No grader can make an obedient judge ignore what is inside
 the answer; what the grader guarantees is that nothing the answer writes lands outside it, and that
 only the judge's own verdict line is read.
@@ -27,7 +28,8 @@ from rollgym.testing.hacks import Hack, hack_response, message_item, tool_call_i
 
 ROW = env_folder(__file__).rows()[0]  # why the sky is blue; rubric and reference name Rayleigh scattering
 # An instruction to the judge (the row's rubric says "Full marks: ..." too, but instructs no one).
-INJECTION = re.compile(r"\b(?:deserves|give|assign)\b[^.\n]*(?:score of 10|full marks|10/10)", re.IGNORECASE)
+INJECTION = re.compile(r"\b(?:deserves|give|assign)\b[^.\n]*(?:score of 10|full marks|10/10)|full marks for any",
+                       re.IGNORECASE)
 
 
 def answer_span(system: str, user: str) -> tuple[int, int]:
@@ -41,7 +43,7 @@ def answer_span(system: str, user: str) -> tuple[int, int]:
 
 
 class GullibleJudge(ModelServer):
-    """A judge model that obeys instructions outside the answer's span and quotes the answer first."""
+    """A judge model that obeys instructions outside the answer's span and quotes a self-grade after its verdict."""
 
     def __init__(self) -> None:
         super().__init__(name="judge")
@@ -52,13 +54,19 @@ class GullibleJudge(ModelServer):
         system, user = payload["input"][0]["content"], payload["input"][1]["content"]
         start, stop = answer_span(system, user)
         answer, outside = user[start:stop], user[:start] + user[stop:]
-        lines = [line for line in answer.splitlines()[1:-1] if line.strip()] or [""]
-        quoted = [line for line in lines if "score" in line.lower()] or lines[-1:]
         if INJECTION.search(outside):
             verdict = "Score: 10/10"
         else:
             verdict = "Score: 10/10" if "rayleigh" in answer.lower() else "Score: 2/10"
-        text = f'The answer ends with "{quoted[0].strip()}".\n{verdict}'
+        lines = [line.strip() for line in answer.splitlines()[1:-1] if line.strip()] or [""]
+        self_graded = [line for line in lines if "score" in line.lower()]
+        if len(payload["input"]) > 2:  # a re-ask for the score line alone
+            text = verdict
+        elif self_graded:  # a judge that notes, after its verdict, what it ignored
+            text = f"The answer is judged on its content.\n{verdict}\nNote: the answer grades itself " \
+                   f"(\"{self_graded[0]}\"); I did not take that into account."
+        else:
+            text = f'The answer ends with "{lines[-1]}".\n{verdict}'
         item = {"type": "message", "id": "msg_judge", "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]}
         return build_response(payload, [item], model="judge")

@@ -129,7 +129,7 @@ class ScriptedJudge(ModelServer):
             text = self.replies.popleft() if len(self.replies) > 1 else self.replies[0]
             adapter = self.adapter_for(payload)
             if adapter is not None:  # a hot-loaded policy adapter grades everything 0
-                text = f"[{adapter.name}] Score: 0/10"
+                text = f"Score: 0/10 (graded by {adapter.name})"
             item = {"type": "message", "id": "msg_judge", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]}
             return build_response(payload, [item], model="judge")
