@@ -183,6 +183,31 @@ def test_setup_code_runs_before_the_tests(sandbox: Sandbox) -> None:
     assert g.reward == 1.0
 
 
+def test_answers_that_are_classes_generators_and_exceptions(sandbox: Sandbox) -> None:
+    # The answer lives in its own process: its instances, generators and exceptions reach the tests
+    # through handles (calls, attributes, iteration, len, str) and builtin exception classes.
+    code = (
+        "class Stack:\n    def __init__(self):\n        self.items = []\n"
+        "    def push(self, x):\n        self.items.append(x)\n    def pop(self):\n"
+        "        if not self.items:\n            raise IndexError('empty')\n        return self.items.pop()\n"
+        "    def __len__(self):\n        return len(self.items)\n    def __repr__(self):\n        return 'Stack'\n"
+        "def count_up(n):\n    yield from range(n)\n"
+        "class Negative(ValueError):\n    pass\n"
+        "def root(x):\n    if x < 0:\n        raise Negative('below zero')\n    return x ** 0.5\n"
+    )
+    tests = [
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert len(s) == 2 and s.pop() == 2 and s.items == [1] and repr(s) == 'Stack'",
+        "s = Stack()\ntry:\n    s.pop()\nexcept IndexError as e:\n    assert str(e) == 'empty'\nelse:\n    assert False",
+        "assert list(count_up(3)) == [0, 1, 2] and sum(count_up(4)) == 6 and next(iter(count_up(5))) == 0",
+        "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
+        "assert root(4) == 2.0 and root(2.25) == {1.5: 'x'}.popitem()[0]",
+        "assert Stack() != Stack()",  # the answer's objects are not compared: a TypeError, the test fails
+    ]
+    g = grade(sandbox, code, tests, entry_point="Stack")
+    assert g.details["test_results"] == [True, True, True, True, True, False], g.details
+    assert "TypeError" in g.details["first_failure"]["error"]
+
+
 # --- the server over HTTP -----------------------------------------------------------------------
 def test_server_end_to_end_over_http() -> None:
     rows = ENV.rows()
@@ -218,6 +243,10 @@ def test_server_end_to_end_over_http() -> None:
         for args, field in (({"code": 5}, "code"), ({}, "code"), ({"code": "1", "stdin": "x"}, "stdin")):
             bad = http.post("/run_python", json=args)
             assert bad.status_code == 422 and bad.json()["error"]["field"] == field
+        # A test that passes the answer a function cannot be graded against any answer: the row's fault.
+        lambda_row = {**row, "tests": ["assert add(1, 2) == 3", "assert add(lambda: 1, 2) == 3"]}
+        refused = http.post("/verify", json={**lambda_row, "response": final_response(fenced(SOLUTIONS["add"]))})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "tests[1]", refused.text
         params = row["responses_create_params"]
         for task, field in (
             ({"tests": ["assert 1"]}, "entry_point"),
