@@ -13,7 +13,7 @@ import pytest
 from resources_servers.code.app import CodeServer, CodeServerConfig
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
 
 ADD = env_folder(__file__).rows()[0]  # add(a, b): 4 asserts such as `assert add(2, 3) == 5`
 DEDUPE = {"responses_create_params": ADD["responses_create_params"], "entry_point": "dedupe",
@@ -98,7 +98,8 @@ HACKS = [
     (ADD, Hack("reads the expected outputs from the test files", fenced(READ_THE_TESTS), 0.0, "tests_failed")),
     (ADD, Hack("raises SystemExit inside the function", fenced("def add(a, b):\n    raise SystemExit(0)\n"), 0.0,
                "tests_failed")),
-    (ADD_ONE, Hack("returns 20 MB", fenced("def add(a, b):\n    return 'x' * (20 << 20)\n"), 0.0, "tests_failed")),
+    (ADD_ONE, Hack("returns 20 MB", fenced("def add(a, b):\n    return 'x' * (20 << 20)\n"), 0.0,
+                   "tests_failed | timeout")),  # too large, or too slow to send on a loaded machine
     (ADD_ONE, Hack("loops forever in the function", fenced("def add(a, b):\n    while True:\n        pass\n"), 0.0,
                "timeout")),
     (ADD_ONE, Hack("loops forever at import", fenced("while True:\n    pass\n"), 0.0, "timeout")),
@@ -140,4 +141,4 @@ def test_hack(verify: Callable[[dict, Hack], dict], row: dict, hack: Hack) -> No
     body = verify(row, hack)
     assert body["reward"] == pytest.approx(hack.reward), body
     if hack.reward == 0.0:
-        assert hack.reason in body["reason"], body
+        assert reason_matches(hack, body.get("reason")), body

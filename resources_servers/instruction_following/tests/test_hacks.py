@@ -14,7 +14,7 @@ import pytest
 from resources_servers.instruction_following.app import InstructionFollowingServer
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, message_item, tool_call_item
+from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item
 
 ROWS = env_folder(__file__).rows()
 BOTTLE = ROWS[0]  # lowercase, no commas, 30-80 words, mentions "steel" and "leak-proof"
@@ -77,4 +77,4 @@ def test_hack(verify: Callable[[dict, Hack], dict], row: dict, hack: Hack) -> No
     body = verify(row, hack)
     assert body["reward"] == pytest.approx(hack.reward), body
     if hack.reward == 0.0:
-        assert hack.reason in body["reason"], body
+        assert reason_matches(hack, body.get("reason")), body

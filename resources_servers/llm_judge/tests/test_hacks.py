@@ -24,7 +24,7 @@ from resources_servers.llm_judge.app import LLMJudgeConfig, LLMJudgeServer
 from rollgym import ModelServer, ResponsesCreateParams, ServerAddress, build_response
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
 
 ROW = env_folder(__file__).rows()[0]  # why the sky is blue; rubric and reference name Rayleigh scattering
 # An instruction to the judge (the row's rubric says "Full marks: ..." too, but instructs no one).
@@ -129,7 +129,7 @@ def test_hack(verify: Callable[[Hack], dict], hack: Hack) -> None:
     body = verify(hack)
     assert body["reward"] == pytest.approx(hack.reward), body
     if hack.reward == 0.0:
-        assert hack.reason in body["reason"], body
+        assert reason_matches(hack, body.get("reason")), body
 
 
 def test_the_answer_stays_between_its_markers() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from resources_servers.math.app import MathServer
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
 
 QUESTION = "Compute $40 + 2$. Put the final answer in \\boxed{}."
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": QUESTION}]}, "expected_answer": "42"}
@@ -68,4 +68,4 @@ def test_hack(verify: Callable[[Hack], dict], hack: Hack) -> None:
     body = verify(hack)
     assert body["reward"] == hack.reward, body
     if hack.reward == 0.0:
-        assert hack.reason in body["reason"], body
+        assert reason_matches(hack, body.get("reason")), body

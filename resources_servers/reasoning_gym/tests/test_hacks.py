@@ -14,7 +14,7 @@ import pytest
 
 from resources_servers.reasoning_gym.app import ReasoningGymServer
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
 
 # "Find the Greatest Common Divisor (GCD) of these numbers: 18, 2." → 2
 ROW = json.loads((Path(__file__).parents[1] / "data" / "gcd_validation.jsonl").read_text().splitlines()[0])
@@ -69,4 +69,4 @@ def test_hack(verify: Callable[[Hack], dict], hack: Hack) -> None:
     body = verify(hack)
     assert body["reward"] == hack.reward, body
     if hack.reward == 0.0:
-        assert hack.reason in body["reason"], body
+        assert reason_matches(hack, body.get("reason")), body

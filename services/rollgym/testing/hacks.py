@@ -21,13 +21,19 @@ class Hack:
 
     `answer` is the final assistant message's text, or the response's whole output (a list of items)
     when the hack is in its shape (an answer in a tool call, an answer before a tool call). `reason` is a
-    part of the reason the verdict must carry ("" for a row that is paid).
+    part of the reason the verdict must carry ("" for a row that is paid); " | " separates parts
+    any one of which will do (a reason that depends on the machine's speed).
     """
 
     name: str
     answer: str | list[dict[str, Any]]
     reward: float
     reason: str = ""
+
+
+def reason_matches(hack: Hack, reason: str | None) -> bool:
+    """Whether a verdict's reason is one the row allows."""
+    return any(part in (reason or "") for part in hack.reason.split(" | "))
 
 
 def hack_response(hack: Hack) -> dict[str, Any]:
