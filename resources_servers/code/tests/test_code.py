@@ -194,6 +194,7 @@ def test_answers_that_are_classes_generators_and_exceptions(sandbox: Sandbox) ->
         "def count_up(n):\n    yield from range(n)\n"
         "class Negative(ValueError):\n    pass\n"
         "def root(x):\n    if x < 0:\n        raise Negative('below zero')\n    return x ** 0.5\n"
+        "def big():\n    return 3 ** 10000, float('nan'), b'\\x00', {(1, 2): frozenset({3})}\n"
     )
     tests = [
         "s = Stack()\ns.push(1)\ns.push(2)\nassert len(s) == 2 and s.pop() == 2 and s.items == [1] and repr(s) == 'Stack'",
@@ -201,10 +202,12 @@ def test_answers_that_are_classes_generators_and_exceptions(sandbox: Sandbox) ->
         "assert list(count_up(3)) == [0, 1, 2] and sum(count_up(4)) == 6 and next(iter(count_up(5))) == 0",
         "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
         "assert root(4) == 2.0 and root(2.25) == {1.5: 'x'}.popitem()[0]",
+        "n, nan, raw, nested = big()\nassert n == 3 ** 10000 and nan != nan and raw == b'\\x00' "
+        "and nested == {(1, 2): frozenset({3})}",  # plain data of every kind, integers of any size
         "assert Stack() != Stack()",  # the answer's objects are not compared: a TypeError, the test fails
     ]
     g = grade(sandbox, code, tests, entry_point="Stack")
-    assert g.details["test_results"] == [True, True, True, True, True, False], g.details
+    assert g.details["test_results"] == [True, True, True, True, True, True, False], g.details
     assert "TypeError" in g.details["first_failure"]["error"]
 
 
