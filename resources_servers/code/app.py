@@ -2,10 +2,15 @@
 
 Reward = the fraction of the task's tests that pass. The answer's code is the last ```python fenced
 block of the final assistant message (the whole message when it has no fence). One sandbox run
-executes the code once, then each test on its own (a failing test does not stop the others),
-printing one result line per test, tagged with a per-run nonce. A candidate that does not compile,
-crashes, loops or is killed scores what it passed (0.0 if nothing ran), with the reason in the
-details: a bad program is the policy's fault, never an env_error.
+grades it with harness.py, in two processes: the grader holds the tests and runs them in its own
+interpreter, and the answer runs in a second, fresh interpreter that never sees the tests and only
+answers calls (values cross as plain data; see harness.py). Nothing the answer does in its process
+(exiting, patching builtins or the runner, printing result lines, objects equal to everything,
+reading the test files) reaches the verdict. A candidate that does not compile, crashes, loops or
+is killed scores what it passed (0.0 if nothing ran), with the reason in the details: a bad program
+is the policy's fault, never an env_error. A test that passes the answer something other than plain
+data (a function, an object of the setup code) cannot be graded this way: the row is refused (422
+naming `tests[i]`).
 
 The `run_python` tool runs code in the same sandbox and shows its exit status, stdout and stderr.
 The sandbox is rollgym.sandbox (shared with the workspace environments); docs/sandbox.md says what it contains.
@@ -15,15 +20,16 @@ from __future__ import annotations
 
 import json
 import secrets
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rollgym import ResourcesServer, ResourcesServerConfig, RunRequest, Verdict, tool
+from rollgym import BadRequest, ResourcesServer, ResourcesServerConfig, RunRequest, Verdict, tool
 from rollgym.server import JSONBytesResponse
-from rollgym.text import final_message_text
+from rollgym.text import final_answer_text, final_message_text
 
 from rollgym.sandbox import SCRIPT_NAME, Sandbox, SandboxLimits, SandboxResult
 
@@ -72,7 +78,9 @@ class CodeServerConfig(ResourcesServerConfig):
     tmp_size_mb: int = Field(default=64, ge=1, description="size of the private /tmp (namespaces mode)")
     max_processes: int = Field(default=32, ge=4, description="processes and threads of one sandbox (RLIMIT_NPROC)")
     max_concurrent_sandboxes: int = Field(default=4, ge=1, le=256, description="sandboxes running at once")
-    test_timeout_s: float = Field(default=3.0, gt=0, description="per-test alarm inside the run (best effort)")
+    test_timeout_s: float = Field(default=3.0, gt=0, description="the answer's time per test in /verify")
+    load_timeout_s: float = Field(default=5.0, gt=0, description="time to start the answer's interpreter and run "
+                                                                 "its import-time code, per start in /verify")
     tool_output_chars: int = Field(default=4000, ge=200, description="stdout/stderr shown by run_python, each")
     python: str | None = Field(default=None, description="interpreter; default: the one behind the server's")
     isolation: Literal["auto", "namespaces", "basic", "minimal"] = Field(
@@ -121,80 +129,18 @@ def extract_code(message: str) -> str:
 
 
 # --- the harness (runs inside the sandbox) -----------------------------------------------------
-HARNESS = r'''
-import json, os, signal, sys, traceback
+# harness.py is the sandbox's main script; it is read here, never imported by the server.
+HARNESS_SOURCE = (Path(__file__).parent / "harness.py").read_text(encoding="utf-8")
 
 
-class TestTimeout(BaseException):
-    pass
-
-
-def _main(payload):
-    nonce = sys.stdin.readline().strip()
-    report = os.fdopen(os.dup(1), "w", encoding="utf-8")  # results go here; the program's own output is dropped
-    sink = os.open(os.devnull, os.O_RDWR)
-    os.dup2(sink, 0)
-    os.dup2(sink, 1)
-    os.close(sink)
-
-    def emit(**event):
-        report.write(nonce + " " + json.dumps(event) + "\n")
-        report.flush()
-
-    def describe(exc):
-        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS - 3] + "..."
-
-    limit = payload["timeout_s"]
-
-    def on_alarm(signum, frame):
-        raise TestTimeout(f"exceeded {limit} s")
-
-    def run(code, namespace):
-        signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, limit)
-        try:
-            exec(code, namespace)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-
-    try:
-        compiled = compile(payload["code"], "solution.py", "exec")
-    except BaseException as exc:
-        emit(stage="compile", ok=False, error=describe(exc))
-        emit(done=True)
-        return
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
-    try:
-        run(compiled, namespace)
-        emit(stage="candidate", ok=True)
-    except BaseException as exc:  # the tests still run: what it defined before failing may pass some
-        emit(stage="candidate", ok=False, error=describe(exc))
-    if payload["setup"].strip():
-        try:
-            run(compile(payload["setup"], "setup", "exec"), namespace)
-            emit(stage="setup", ok=True)
-        except BaseException as exc:
-            emit(stage="setup", ok=False, error=describe(exc))
-    emit(stage="entry_point", ok=callable(namespace.get(payload["entry_point"])))
-    for index, test in enumerate(payload["tests"]):
-        try:
-            run(compile(test, f"test_{index}", "exec"), namespace)
-            emit(test=index, ok=True)
-        except BaseException as exc:
-            emit(test=index, ok=False, error=describe(exc))
-    emit(done=True)
-
-ERROR_CHARS = %(error_chars)d
-_main(json.loads(%(payload)r))
-'''
-
-
-def build_harness(code: str, tests: list[str], entry_point: str, setup_code: str = "", timeout_s: float = 3.0) -> str:
-    """The sandbox script that grades `code`: it reads the run's nonce from stdin, then reports."""
-    payload = json.dumps({"code": code, "tests": tests, "entry_point": entry_point, "setup": setup_code,
-                          "timeout_s": timeout_s})
-    return HARNESS % {"payload": payload, "error_chars": ERROR_CHARS}
+def harness_files(code: str, tests: list[str], entry_point: str, setup_code: str = "",
+                  timeout_s: float = 3.0, load_s: float = 5.0) -> dict[str, str]:
+    """The sandbox's files that grade `code`: the harness (main script), the answer, and the tests
+    (which the harness reads and deletes before the answer's process starts). The harness reads the
+    run's nonce from stdin."""
+    grading = json.dumps({"tests": tests, "entry_point": entry_point, "setup": setup_code, "timeout_s": timeout_s,
+                          "load_s": load_s})
+    return {SCRIPT_NAME: HARNESS_SOURCE, "solution.py": code, "grading.json": grading}
 
 
 @dataclass
@@ -219,11 +165,22 @@ def parse_report(stdout: str, nonce: str) -> list[dict[str, Any]]:
     return events
 
 
+class TaskTestError(ValueError):
+    """A test of the task cannot run against any answer (it passes the answer a function, a setup-defined
+    object...): the row's fault, refused naming `tests[i]`."""
+
+    def __init__(self, index: int, error: str) -> None:
+        super().__init__(error)
+        self.index = index
+
+
 def grade_run(result: SandboxResult, nonce: str, n_tests: int) -> Grade:
-    """Reward, components and details from one harness run. Never raises."""
+    """Reward, components and details from one harness run. Raises TaskTestError for a test the
+    harness could not run against any answer; otherwise never raises."""
     events = parse_report(result.stdout, nonce)
     passed: dict[int, bool] = {}
     errors: dict[int, str] = {}
+    timeouts: set[int] = set()
     stages: dict[str, dict[str, Any]] = {}
     done = False
     for event in events:
@@ -233,6 +190,10 @@ def grade_run(result: SandboxResult, nonce: str, n_tests: int) -> Grade:
             passed[event["test"]] = event.get("ok") is True
             if event.get("ok") is not True:
                 errors[event["test"]] = str(event.get("error", ""))[:ERROR_CHARS]
+                if event.get("unsendable") is True:
+                    raise TaskTestError(event["test"], errors[event["test"]])
+                if event.get("timeout") is True:
+                    timeouts.add(event["test"])
         elif isinstance(event.get("stage"), str) and event["stage"] not in stages:
             stages[event["stage"]] = event
     results = [passed.get(i, False) for i in range(n_tests)]
@@ -242,6 +203,7 @@ def grade_run(result: SandboxResult, nonce: str, n_tests: int) -> Grade:
     if failed:
         first = failed[0]
         details["first_failure"] = {"test": first, "error": errors.get(first, "not run")}
+    candidate = stages.get("candidate", {})
     reason, error = None, None
     if stages.get("compile", {}).get("ok") is False:
         reason, error = "syntax_error", stages["compile"].get("error")
@@ -253,12 +215,19 @@ def grade_run(result: SandboxResult, nonce: str, n_tests: int) -> Grade:
     elif not done:
         reason = "crashed"
         error = _tail(result.stderr) or f"exit status {result.exit_code}"
-    elif stages.get("candidate", {}).get("ok") is False:
-        reason, error = "candidate_error", stages["candidate"].get("error")
+    elif candidate.get("timeout") is True:
+        reason, error = "timeout", candidate.get("error")
+    elif candidate.get("crashed") is True:
+        reason, error = "crashed", candidate.get("error")
+    elif candidate.get("ok") is False:
+        reason, error = "candidate_error", candidate.get("error")
     elif stages.get("setup", {}).get("ok") is False:
         reason, error = "setup_error", stages["setup"].get("error")
     elif stages.get("entry_point", {}).get("ok") is False:
         reason = "missing_entry_point"
+    elif k == 0:
+        # Every reward of 0 says why: the answer's own time ran out, or its results were wrong.
+        reason = "timeout" if timeouts else "tests_failed"
     if reason:
         details["reason"] = reason
     if error:
@@ -341,13 +310,21 @@ class CodeServer(ResourcesServer):
 
     async def verify(self, request: CodeTask, state: dict[str, Any]) -> Verdict:
         n = len(request.tests)
-        code = extract_code(final_message_text(request.response.output))
+        output = request.response.output
+        final = final_answer_text(output)
+        code = extract_code(final)
         runs = {"run_python_calls": state.get("runs", 0)}
         if not code.strip():
+            # Code written before a tool call, with no answer after it, is not the final answer.
+            reason = "no_final_answer" if not final.strip() and final_message_text(output).strip() else "no_code"
             return Verdict(0.0, {"tests_passed": 0.0, "tests_total": float(n)},
-                           {"test_results": [False] * n, "reason": "no_code", **runs})
+                           {"test_results": [False] * n, "reason": reason, **runs})
         nonce = secrets.token_hex(16)
-        script = build_harness(code, request.tests, request.entry_point, request.setup_code, self.config.test_timeout_s)
-        result = await self.sandbox.run({SCRIPT_NAME: script}, stdin=f"{nonce}\n".encode())
-        grade = grade_run(result, nonce, n)
+        files = harness_files(code, request.tests, request.entry_point, request.setup_code, self.config.test_timeout_s,
+                              self.config.load_timeout_s)
+        result = await self.sandbox.run(files, stdin=f"{nonce}\n".encode())
+        try:
+            grade = grade_run(result, nonce, n)
+        except TaskTestError as exc:
+            raise BadRequest(f"this test cannot run against an answer: {exc}", field=f"tests[{exc.index}]") from None
         return Verdict(grade.reward, grade.components, {**grade.details, **runs})

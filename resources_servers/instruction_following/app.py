@@ -6,18 +6,26 @@ satisfied; `reward_components` = {"<index>:<type>": 1.0 or 0.0} per constraint.
 
 An unknown constraint type, or a bad parameter, is a bad task row: 422 naming
 `instructions[<i>].type` (or the parameter, e.g. `instructions[<i>].min_words`).
+
+The checks only see the form of an answer, so a policy can satisfy them without doing the task; the
+answers that do that on their face earn 0 with a reason before any check runs (see `refusal`): no
+answer (which meets every "do not" for free), an answer ending in a tool call, words spelled with
+look-alike letters of another script, a few words repeated to fill a length, a copy of the prompt.
+The checks read the answer in Unicode NFKC form without invisible characters, so a zero-width space
+or full-width letters do not hide a forbidden word.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from rollgym import ResourcesServer, RunRequest, Verdict
-from rollgym.text import final_message_text
+from rollgym.text import final_answer_text, final_message_text, message_text
 
 # --- the checks: pure functions of the answer ----------------------------------------------------
 
@@ -382,11 +390,85 @@ def instruction_reward(answer: str, instructions: list[Constraint]) -> tuple[flo
     return sum(components.values()) / len(components), components
 
 
+# An answer of at least this many words whose distinct words are fewer than this share of them repeats
+# a few words to meet a length or a frequency (ordinary prose stays above 0.4 at these lengths).
+REPETITION_MIN_WORDS = 20
+REPETITION_MIN_DISTINCT = 0.3
+# An answer of at least this many words, half of whose word trigrams are in the prompt, copies the prompt.
+COPY_MIN_WORDS = 6
+COPY_SHARE = 0.5
+LOOKALIKE_SCRIPTS = {"LATIN", "CYRILLIC", "GREEK"}
+
+
+def visible_text(answer: str) -> str:
+    """The answer as a reader sees it: NFKC (full-width and styled letters as plain ones) less invisible
+    format characters (zero-width spaces and joiners, soft hyphens, direction marks)."""
+    normal = unicodedata.normalize("NFKC", answer)
+    return "".join(c for c in normal if unicodedata.category(c) != "Cf")
+
+
+def _script(char: str) -> str | None:
+    name = unicodedata.name(char, "")
+    return name.split(" ", 1)[0] if char.isalpha() and name else None
+
+
+def lookalike_word(text: str) -> str | None:
+    """The first word that mixes Latin with Cyrillic or Greek letters ("еasy" with a Cyrillic е), or None."""
+    for word in words(text):
+        scripts = {_script(c) for c in word} & LOOKALIKE_SCRIPTS
+        if len(scripts) > 1:
+            return word
+    return None
+
+
+def _trigrams(text: str) -> list[tuple[str, ...]]:
+    found = [w.lower() for w in words(text)]
+    return [tuple(found[i:i + 3]) for i in range(len(found) - 2)]
+
+
+def refusal(answer: str, prompt: str) -> str | None:
+    """Why an answer earns 0 without being checked, or None. `answer` is the visible text."""
+    found = words(answer)
+    if not found:
+        return "empty answer (it would meet every negative constraint without doing the task)"
+    odd = lookalike_word(answer)
+    if odd is not None:
+        return f"the word {odd!r} mixes Latin with Cyrillic or Greek look-alike letters"
+    distinct = len({w.lower() for w in found})
+    if len(found) >= REPETITION_MIN_WORDS and distinct < REPETITION_MIN_DISTINCT * len(found):
+        return f"the answer repeats a few words ({distinct} distinct in {len(found)})"
+    grams = _trigrams(answer)
+    if len(found) >= COPY_MIN_WORDS and grams:
+        asked = set(_trigrams(visible_text(prompt)))
+        if sum(gram in asked for gram in grams) >= COPY_SHARE * len(grams):
+            return "the answer copies the prompt"
+    return None
+
+
+def prompt_text(params: Any) -> str:
+    """The task's prompt text: its string input, or the text of its input messages joined."""
+    given = params.input
+    if isinstance(given, str):
+        return given
+    return "\n".join(message_text(item) for item in given)
+
+
 class InstructionFollowingServer(ResourcesServer):
     task_model = InstructionFollowingTask
 
     async def verify(self, request: InstructionFollowingTask, state: dict[str, Any]) -> Verdict:
-        answer = final_message_text(request.response.output)
+        output = request.response.output
+        raw = final_answer_text(output)
+        answer = visible_text(raw)
+        refused = refusal(answer, prompt_text(request.responses_create_params))
+        if not raw.strip() and final_message_text(output).strip():
+            refused = "no final answer: the response ends with a tool call or its output"
+        if refused:
+            components = {f"{index}:{c.type}": 0.0 for index, c in enumerate(request.instructions)}
+            return Verdict(reward=0.0, components=components,
+                           details={"satisfied": 0, "total": len(components), "reason": refused})
         reward, components = instruction_reward(answer, request.instructions)
-        return Verdict(reward=reward, components=components,
-                       details={"satisfied": int(sum(components.values())), "total": len(components)})
+        details: dict[str, Any] = {"satisfied": int(sum(components.values())), "total": len(components)}
+        if reward == 0.0:
+            details["reason"] = "no constraint satisfied"
+        return Verdict(reward=reward, components=components, details=details)

@@ -1,8 +1,11 @@
 """math: a single-turn maths problem graded by `math-verify` (symbolic equivalence, not string match).
 
-Reward 1.0 when the model's final answer (the last `\\boxed{}` if there is one, else the last LaTeX
-or plain expression) is mathematically equivalent to `expected_answer`, else 0.0. An answer with
-nothing to extract is 0.0 with a reason; grading that overruns its deadline is 0.0 with reason
+Reward 1.0 when the model's final answer (its `\\boxed{}` if there is one, else the last LaTeX or
+plain expression) is mathematically equivalent to `expected_answer`, else 0.0, always with a reason.
+The answer is read as a policy that games the grader would write it (see answer_problem): only the
+final message counts (not one before a tool call), `<think>` reasoning is left out, digits of any
+script count as ASCII digits, and hedges are refused: boxes that disagree, a box inside a box,
+an expression copied from the question. Grading that overruns its deadline is 0.0 with reason
 "timeout".
 
 math-verify's own timeouts use `signal.alarm`, which only works on the main thread, so they are
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -22,7 +26,15 @@ from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, veri
 from pydantic import Field, field_validator
 
 from rollgym import BadRequest, ResourcesServer, ResourcesServerConfig, RunRequest, Verdict
-from rollgym.text import final_message_text, last_boxed
+from rollgym.text import (
+    ascii_digits,
+    boxed_contents,
+    final_answer_text,
+    final_message_text,
+    last_boxed,
+    message_text,
+    without_reasoning,
+)
 
 # math-verify warns, once per process, that its own timeouts are off: the deadline here is ours
 # (see the module doc), so the warning is noise in every server log and `rollgym test` output.
@@ -34,6 +46,8 @@ ANSWER_EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtracti
 # input keeps the regexes and sympy fast.
 MAX_ANSWER_CHARS = 4000
 GOLD_UNPARSABLE = "the expected answer could not be parsed"
+# More boxes than this in one answer is a spray of guesses, refused without parsing each one.
+MAX_BOXES = 8
 
 
 class MathTask(RunRequest):
@@ -113,21 +127,79 @@ def extracted_string(parsed: list[Any]) -> str | None:
     return str(parsed[-1]) if parsed else None
 
 
-def math_reward(answer: str, expected: str) -> MathResult:
-    """Grade one answer against the gold (blocking: call it off the event loop). Never raises."""
+def answer_problem(answer: str, question: str = "") -> tuple[str, str | None]:
+    """(the answer to grade, None) or (the answer, why it earns nothing without being graded).
+
+    `answer` is the final message's text; what is graded is that text less its `<think>` reasoning, with
+    digits of any script made ASCII. Refused: an answer that is only reasoning; a box inside a box;
+    several boxes (the last one is the answer only when every box says the same). (math_reward also
+    refuses an answer whose expression is copied from the question: "2+2" for "What is 2+2?".)
+    """
+    text = ascii_digits(without_reasoning(answer))
+    if answer.strip() and not text.strip():
+        return text, "the answer is only inside <think> reasoning"
+    boxes = boxed_contents(text[-MAX_ANSWER_CHARS:])
+    if any("\\boxed" in box for box in boxes):
+        return text, "a \\boxed{} inside a \\boxed{}"
+    if len(boxes) > MAX_BOXES:
+        return text, f"more than {MAX_BOXES} boxed answers"
+    if len(boxes) > 1:
+        last = parse(f"\\boxed{{{boxes[-1]}}}", extraction_config=ANSWER_EXTRACTION, parsing_timeout=None)
+        for box in boxes[:-1]:
+            if " ".join(box.split()) == " ".join(boxes[-1].split()):
+                continue
+            other = parse(f"\\boxed{{{box}}}", extraction_config=ANSWER_EXTRACTION, parsing_timeout=None)
+            if not (last and other and verify(last, other, timeout_seconds=None)):
+                return text, "several boxed answers that disagree"
+    return text, None
+
+
+def copied_from(extracted: str | None, question: str) -> bool:
+    """Whether an extracted answer that is more than a bare number appears as it is in the question."""
+    if not extracted or not question:
+        return False
+    compact = "".join(extracted.split())
+    if re.fullmatch(r"[-+]?\d+(?:\.\d+)?", compact):
+        return False
+    return compact in "".join(ascii_digits(question).split())
+
+
+def math_reward(answer: str, expected: str, question: str = "") -> MathResult:
+    """Grade one answer against the gold (blocking: call it off the event loop). Never raises.
+
+    `question` (the task's user text) lets an answer that only restates it be refused: an expression
+    (more than a bare number) found as it is in the question is not a computed answer.
+    """
     try:
         gold = parse_gold(expected)
         if not gold:
             return MathResult(0.0, {"extracted": None, "reason": GOLD_UNPARSABLE})
         if not answer.strip():
             return MathResult(0.0, {"extracted": None, "reason": "empty answer"})
-        predicted = parse_answer(answer)
+        text, problem = answer_problem(answer, question)
+        if problem:
+            return MathResult(0.0, {"extracted": None, "reason": problem})
+        predicted = parse_answer(text)
         if not predicted:
             return MathResult(0.0, {"extracted": None, "reason": "no mathematical answer found"})
+        extracted = extracted_string(predicted)
+        if copied_from(extracted, question):
+            return MathResult(0.0, {"extracted": extracted, "reason": "the answer restates the question"})
         correct = verify(gold, predicted, timeout_seconds=None)
-        return MathResult(1.0 if correct else 0.0, {"extracted": extracted_string(predicted)})
+        if not correct:
+            return MathResult(0.0, {"extracted": extracted, "reason": "not equivalent to the expected answer"})
+        return MathResult(1.0, {"extracted": extracted})
     except Exception as exc:  # math-verify swallows most errors; this is the last line of defence
         return MathResult(0.0, {"extracted": None, "reason": f"grading failed: {type(exc).__name__}"})
+
+
+def question_text(params: Any) -> str:
+    """The task's user text (its string input, or its user messages joined)."""
+    given = params.input
+    if isinstance(given, str):
+        return given
+    return "\n".join(message_text(item) for item in given if (item.get("role") if isinstance(item, dict)
+                                                              else getattr(item, "role", None)) == "user")
 
 
 def gold_check(expected: str) -> MathResult:
@@ -181,9 +253,15 @@ class MathServer(ResourcesServer):
         await self._check_gold(task.expected_answer)
 
     async def verify(self, request: MathTask, state: dict[str, Any]) -> Verdict:
-        answer = final_message_text(request.response.output)
+        output = request.response.output
+        answer = final_answer_text(output)
+        if not answer.strip() and final_message_text(output).strip():
+            # An answer written before a tool call, with none after it, is no final answer.
+            return Verdict(reward=0.0, details={"extracted": None, "reason": "no final answer: the response "
+                                                "ends with a tool call or its output"})
         result = await run_with_deadline(
-            self.pool, self.config.grading_timeout_s, math_reward, answer, request.expected_answer
+            self.pool, self.config.grading_timeout_s, math_reward, answer, request.expected_answer,
+            question_text(request.responses_create_params),
         )
         if result.details.get("reason") == GOLD_UNPARSABLE:  # seed refuses such rows; so does verify
             raise BadRequest(f"{request.expected_answer!r} is not a usable answer", field="expected_answer")

@@ -11,6 +11,11 @@ number of the message is scored instead (and the answer says so). That reading c
 off at max_output_tokens while restating the question ("The LCM of 2 and 4") ends on a number of the
 question, right whenever the answer is one of them, and GRPO learns to do just that. `final_number` reads
 the last number of a finished reply only (one cut off has no final answer: reward 0 with the reason).
+The answer is read as a policy that games the grader would write it: only the final message counts
+(one followed by a tool call is no final answer), `<think>` reasoning is left out (an `<answer>` inside
+it is not the answer), several `<answer>`s that disagree earn 0, digits of any script are read as ASCII digits before the
+scorer sees them, and the default scorer's partial credit for an answer that contains the right one
+among other text ("1, 2, 3" for 2) is off unless `containment_credit: true`. Every 0 carries a reason.
 A scorer that raises is an environment failure (HTTP 500 with its cause, the rollout's status
 `env_error`), never a reward of 0.
 """
@@ -25,9 +30,9 @@ from typing import Any, Callable, Literal, TypeVar
 from pydantic import Field
 
 from rollgym import BadRequest, ResourcesServer, ResourcesServerConfig, RunRequest, Verdict
-from rollgym.text import final_message_text, message_text
+from rollgym.text import ascii_digits, final_answer_text, final_message_text, message_text, without_reasoning
 
-from .generators import ANSWER_TAG, GeneratorError, Generators, answer_of
+from .generators import ANSWER_TAG, GeneratorError, Generators, answer_of, answers_of
 
 T = TypeVar("T")
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -51,6 +56,10 @@ class ReasoningGymServerConfig(ResourcesServerConfig):
                                     "last number (for small models that do not follow the format yet); "
                                     "final_number = the same, of a finished message only (not one cut off at "
                                     "max_output_tokens, whose last number is wherever the cut fell)")
+    containment_credit: bool = Field(
+        default=False, description="pay reasoning-gym's default scorer's partial credit for an answer that contains "
+                                   "the right one among other text (len(right) / len(answer)); off, such an answer "
+                                   "earns 0: it is what a hedge (\"1, 2, 3\") earns")
 
 
 def user_text(task: RunRequest) -> str:
@@ -100,9 +109,15 @@ class ReasoningGymServer(ResourcesServer):
 
     async def verify(self, request: ReasoningGymTask, state: dict[str, Any]) -> Verdict:
         await self._check(request)
-        text = final_message_text(request.response.output)
+        output = request.response.output
+        raw = final_answer_text(output)
+        text = ascii_digits(without_reasoning(raw))
         answer = answer_of(text)
         details: dict[str, Any] = {"extracted": answer}
+        refused = self._refusal(output, raw, text)
+        if refused:
+            details["reason"] = refused
+            return Verdict(reward=0.0, details=details)
         untagged = self.config.untagged_answer
         cut_off = untagged == "final_number" and request.response.status == "incomplete"
         if answer is None and untagged != "none" and not cut_off:
@@ -123,4 +138,25 @@ class ReasoningGymServer(ResourcesServer):
             details["reason"] = "timeout"
             return Verdict(reward=0.0, details=details)
         # A ScorerError is not caught: an HTTP 500 with its cause, so the rollout fails as env_error.
+        if 0.0 < reward < 1.0 and not self.config.containment_credit and await self._off_loop(
+                self.generators.containment_credit, request.dataset, request.dataset_config, request.seed,
+                request.size, request.index, answer):
+            details["reason"] = ("the answer contains the right one among other text (several answers?): "
+                                 "the scorer's partial credit for that is off (containment_credit: false)")
+            return Verdict(reward=0.0, details=details)
+        if reward == 0.0:
+            details["reason"] = "the scorer gave 0: a wrong answer"
         return Verdict(reward=reward, details=details)
+
+    @staticmethod
+    def _refusal(output: Any, raw: str, text: str) -> str | None:
+        """Why the final message earns 0 before any scoring, or None (see the module doc)."""
+        if not raw.strip() and final_message_text(output).strip():
+            return "no final answer: the response ends with a tool call or its output"
+        if raw.strip() and not text.strip():
+            return "the answer is only inside <think> reasoning"
+        if len(set(answers_of(text))) > 1:
+            return f"several <{ANSWER_TAG}>s that disagree"
+        if not answers_of(text) and answers_of(raw):
+            return f"the <{ANSWER_TAG}> is only inside <think> reasoning"
+        return None

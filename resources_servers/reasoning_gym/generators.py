@@ -17,12 +17,14 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import reasoning_gym
+from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 from reasoning_gym.utils import SYSTEM_PROMPTS, extract_answer
 
@@ -31,6 +33,7 @@ NOT_SERVED = frozenset({"composite"})
 # The fields of every generator's config that a task row sets itself.
 ROW_FIELDS = ("seed", "size")
 ANSWER_TAG = "answer"
+ANSWER_BLOCK = re.compile(rf"<{ANSWER_TAG}>(.*?)</{ANSWER_TAG}>", re.DOTALL)
 DEFAULT_PROMPT = "default"
 
 
@@ -180,6 +183,17 @@ class Generators:
             raise ScorerError(f"the {name} scorer returned {score!r}, outside [0, 1]")
         return float(score)
 
+    def containment_credit(self, name: str, config: dict[str, Any], seed: int, size: int, index: int,
+                           answer: str) -> bool:
+        """Whether the generator scores `answer` with reasoning-gym's default scorer's credit for containing
+        the oracle answer among other text (`len(oracle) / len(answer)`): what a hedge such as "1, 2, 3"
+        earns when one of its answers is right."""
+        dataset = self.dataset(name, config, seed, size)
+        if type(dataset.dataset).score_answer is not ProceduralDataset.score_answer:
+            return False
+        oracle = self.entry(name, config, seed, size, index)["answer"]
+        return isinstance(oracle, str) and answer != oracle and oracle in answer
+
     def _forget(self, key: EntryKey) -> None:
         with self._lock:
             self._datasets.pop(key, None)
@@ -188,6 +202,11 @@ class Generators:
 def _cause(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def answers_of(text: str) -> list[str]:
+    """The text of every `<answer>...</answer>` of text (stripped), in order."""
+    return [found.strip() for found in ANSWER_BLOCK.findall(text)]
 
 
 def answer_of(text: str) -> str | None:

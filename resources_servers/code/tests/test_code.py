@@ -14,9 +14,9 @@ from rollgym.sandbox import programs as sandbox_module
 from resources_servers.code.app import (
     CodeServer,
     CodeServerConfig,
-    build_harness,
     extract_code,
     grade_run,
+    harness_files,
     parse_report,
 )
 from rollgym.sandbox import Sandbox, SandboxLimits, SandboxResult
@@ -120,8 +120,8 @@ def grade(box: Sandbox, code: str, tests: list[str] = ADD_TESTS, entry_point: st
     import asyncio
 
     nonce = secrets.token_hex(16)
-    script = build_harness(code, tests, entry_point, setup, timeout_s)
-    run = asyncio.run(box.run({"main.py": script}, stdin=f"{nonce}\n".encode()))
+    files = harness_files(code, tests, entry_point, setup, timeout_s)
+    run = asyncio.run(box.run(files, stdin=f"{nonce}\n".encode()))
     return grade_run(run, nonce, len(tests))
 
 
@@ -183,6 +183,34 @@ def test_setup_code_runs_before_the_tests(sandbox: Sandbox) -> None:
     assert g.reward == 1.0
 
 
+def test_answers_that_are_classes_generators_and_exceptions(sandbox: Sandbox) -> None:
+    # The answer lives in its own process: its instances, generators and exceptions reach the tests
+    # through handles (calls, attributes, iteration, len, str) and builtin exception classes.
+    code = (
+        "class Stack:\n    def __init__(self):\n        self.items = []\n"
+        "    def push(self, x):\n        self.items.append(x)\n    def pop(self):\n"
+        "        if not self.items:\n            raise IndexError('empty')\n        return self.items.pop()\n"
+        "    def __len__(self):\n        return len(self.items)\n    def __repr__(self):\n        return 'Stack'\n"
+        "def count_up(n):\n    yield from range(n)\n"
+        "class Negative(ValueError):\n    pass\n"
+        "def root(x):\n    if x < 0:\n        raise Negative('below zero')\n    return x ** 0.5\n"
+        "def big():\n    return 3 ** 10000, float('nan'), b'\\x00', {(1, 2): frozenset({3})}\n"
+    )
+    tests = [
+        "s = Stack()\ns.push(1)\ns.push(2)\nassert len(s) == 2 and s.pop() == 2 and s.items == [1] and repr(s) == 'Stack'",
+        "s = Stack()\ntry:\n    s.pop()\nexcept IndexError as e:\n    assert str(e) == 'empty'\nelse:\n    assert False",
+        "assert list(count_up(3)) == [0, 1, 2] and sum(count_up(4)) == 6 and next(iter(count_up(5))) == 0",
+        "try:\n    root(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
+        "assert root(4) == 2.0 and root(2.25) == {1.5: 'x'}.popitem()[0]",
+        "n, nan, raw, nested = big()\nassert n == 3 ** 10000 and nan != nan and raw == b'\\x00' "
+        "and nested == {(1, 2): frozenset({3})}",  # plain data of every kind, integers of any size
+        "assert Stack() != Stack()",  # the answer's objects are not compared: a TypeError, the test fails
+    ]
+    g = grade(sandbox, code, tests, entry_point="Stack")
+    assert g.details["test_results"] == [True, True, True, True, True, True, False], g.details
+    assert "TypeError" in g.details["first_failure"]["error"]
+
+
 # --- the server over HTTP -----------------------------------------------------------------------
 def test_server_end_to_end_over_http() -> None:
     rows = ENV.rows()
@@ -218,6 +246,10 @@ def test_server_end_to_end_over_http() -> None:
         for args, field in (({"code": 5}, "code"), ({}, "code"), ({"code": "1", "stdin": "x"}, "stdin")):
             bad = http.post("/run_python", json=args)
             assert bad.status_code == 422 and bad.json()["error"]["field"] == field
+        # A test that passes the answer a function cannot be graded against any answer: the row's fault.
+        lambda_row = {**row, "tests": ["assert add(1, 2) == 3", "assert add(lambda: 1, 2) == 3"]}
+        refused = http.post("/verify", json={**lambda_row, "response": final_response(fenced(SOLUTIONS["add"]))})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "tests[1]", refused.text
         params = row["responses_create_params"]
         for task, field in (
             ({"tests": ["assert 1"]}, "entry_point"),

@@ -245,9 +245,10 @@ def test_output_flood_is_capped_and_killed(env: Env) -> None:
     text = reply.text
     assert text.splitlines()[0].startswith("killed: output limit")
     assert "[output truncated" in text and len(text) < 20_000  # what the model sees is small
-    # Through /verify: printed output is dropped, but a flood on stderr is killed too.
+    # Through /verify: the answer's own stdout and stderr go to /dev/null (the grader's report is another
+    # process's), so a flood on either is dropped and reaches nothing.
     verdict = env.verify("```python\nimport sys\ndef add(a, b):\n    return a + b\nsys.stderr.write('y' * 10**8)\n```")
-    assert verdict["reward"] == 0.0 and verdict["reason"] == "killed" and verdict["killed_reason"] == "output_limit"
+    assert verdict["reward"] == 1.0, verdict
     verdict = env.verify("```python\ndef add(a, b):\n    return a + b\nprint('z' * 10**8)\n```")
     assert verdict["reward"] == 1.0
 

@@ -125,7 +125,9 @@ def test_server_end_to_end_over_http() -> None:
                                             "3:include_keywords": 0.0}
         assert bad["satisfied"] == 2 and bad["total"] == 4
         empty = http.post("/verify", json={**rows[2], "response": final_response("")}).json()
-        assert empty["reward"] == 1 / 3 and empty["reward_components"]["1:exclude_keywords"] == 1.0
+        # An empty answer would meet "never say easy" for free: it is refused, every component 0, with the reason.
+        assert empty["reward"] == 0.0 and set(empty["reward_components"].values()) == {0.0}
+        assert empty["reason"].startswith("empty answer")
 
         params = rows[0]["responses_create_params"]
 

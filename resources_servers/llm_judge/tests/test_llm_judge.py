@@ -8,6 +8,7 @@ here that answers with scripted judge texts, slowly, or with an HTTP error.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -87,12 +88,13 @@ def test_parse_score_other_scale() -> None:
 def test_judge_prompt() -> None:
     task = JudgeTask.model_validate(ROW)
     assert question_text(task.responses_create_params) == ROW["responses_create_params"]["input"][1]["content"]
-    messages = judge_messages("Be right.", "What is 2+2?", "4", "Four.", 10)
+    messages = judge_messages("Be right.", "What is 2+2?", "4", "Four.", 10, token="t0")
     assert [m["role"] for m in messages] == ["system", "user"]
     user = messages[1]["content"]
     for block in ("<rubric>\nBe right.\n</rubric>", "<question>\nWhat is 2+2?\n</question>",
-                  "<reference_answer>\nFour.\n</reference_answer>", "<answer>\n4\n</answer>"):
+                  "<reference_answer>\nFour.\n</reference_answer>", "<<<ANSWER t0 BEGIN>>>\n4\n<<<ANSWER t0 END>>>"):
         assert block in user
+    assert "<<<ANSWER t0 BEGIN>>> and <<<ANSWER t0 END>>>" in messages[0]["content"]
     assert user.endswith("Score: <an integer from 0 to 10>/10")
     assert "against the rubric and the reference answer" in user
     without = judge_messages("Be right.", "Q", "A", None, 10)[1]["content"]
@@ -127,7 +129,7 @@ class ScriptedJudge(ModelServer):
             text = self.replies.popleft() if len(self.replies) > 1 else self.replies[0]
             adapter = self.adapter_for(payload)
             if adapter is not None:  # a hot-loaded policy adapter grades everything 0
-                text = f"[{adapter.name}] Score: 0/10"
+                text = f"Score: 0/10 (graded by {adapter.name})"
             item = {"type": "message", "id": "msg_judge", "role": "assistant", "status": "completed",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]}
             return build_response(payload, [item], model="judge")
@@ -155,6 +157,12 @@ def env_client(judge: ModelServer | str, **config: Any) -> Iterator[httpx.Client
         yield stack.enter_context(httpx.Client(base_url=url, timeout=30.0))
 
 
+def answer_in(request: dict[str, Any]) -> str:
+    """The answer a judge request shows, between the markers its system prompt names."""
+    begin, end = re.search(r"between the lines (\S.*?) and (\S.*?)\. ", request["input"][0]["content"]).groups()
+    return request["input"][1]["content"].split(begin, 1)[1].split(end, 1)[0].strip()
+
+
 def verify(client: httpx.Client, answer: str, row: dict[str, Any] = ROW) -> httpx.Response:
     return client.post("/verify", json={**row, "response": final_response(answer)})
 
@@ -179,7 +187,7 @@ def test_scores_become_rewards(reply: str, reward: float) -> None:
     assert request["model"] == "judge"  # its base model, by name: a hot-loaded adapter never judges
     prompt = request["input"][1]["content"]
     assert ROW["rubric"] in prompt and ROW["reference_answer"] in prompt
-    assert "<answer>\nRayleigh scattering makes blue light scatter most.\n</answer>" in prompt
+    assert answer_in(request) == "Rayleigh scattering makes blue light scatter most."
 
 
 def test_unparsable_reply_is_reasked_once() -> None:
@@ -308,8 +316,7 @@ def test_rollout_is_judged(policy_url: str) -> None:
     RunResponse.model_validate(result)
     assert result["status"] == "ok" and result["reward"] == 0.8 and result["error"] is None
     # The scripted policy echoes the question; that is the answer the judge saw.
-    assert f"<answer>\nYou said: {ROW['responses_create_params']['input'][1]['content']}\n</answer>" in \
-        judge.requests[0]["input"][1]["content"]
+    assert answer_in(judge.requests[0]) == f"You said: {ROW['responses_create_params']['input'][1]['content']}"
 
 
 @pytest.mark.parametrize("follows", [False, True])

@@ -26,29 +26,34 @@ ENV = env_folder(__file__)
 DATA = ENV.examples
 
 
+WRONG = "not equivalent to the expected answer"
+DISAGREE = "several boxed answers that disagree"
+
+
 @pytest.mark.parametrize(
-    ("answer", "expected", "reward", "extracted"),
+    ("answer", "expected", "reward", "extracted", "reason"),
     [
-        ("\\boxed{42}", "42", 1.0, "42"),
-        ("The answer is 0.5", "\\frac{1}{2}", 1.0, "0.5"),
-        ("\\boxed{43}", "42", 0.0, "43"),
-        ("\\frac{2}{4}", "\\frac{1}{2}", 1.0, "\\frac{2}{4}"),
-        ("So $f(x+1) = x^{2}+1$.", "x^2+1", 1.0, "f(x+1) = x^{2}+1"),
-        ("Expanding, we get \\boxed{1 + x^2}.", "x^2+1", 1.0, "1 + x^2"),
-        ("The leg is $\\boxed{\\sqrt{3}}$.", "\\sqrt{3}", 1.0, "\\sqrt{3}"),
-        ("$3x - 7 = 2x + 5$ gives $x = 12$, so \\boxed{12}", "12", 1.0, "12"),
-        # Only the last \boxed{} counts: math-verify alone would read {4, 6} here.
-        ("First \\boxed{4}, no wait, \\boxed{6}.", "6", 1.0, "6"),
-        ("First \\boxed{6}, no wait, \\boxed{4}.", "6", 0.0, "4"),
-        ("\\boxed{\\frac{1}{3}}", "0.5", 0.0, "\\frac{1}{3}"),
+        ("\\boxed{42}", "42", 1.0, "42", None),
+        ("The answer is 0.5", "\\frac{1}{2}", 1.0, "0.5", None),
+        ("\\boxed{43}", "42", 0.0, "43", WRONG),
+        ("\\frac{2}{4}", "\\frac{1}{2}", 1.0, "\\frac{2}{4}", None),
+        ("So $f(x+1) = x^{2}+1$.", "x^2+1", 1.0, "f(x+1) = x^{2}+1", None),
+        ("Expanding, we get \\boxed{1 + x^2}.", "x^2+1", 1.0, "1 + x^2", None),
+        ("The leg is $\\boxed{\\sqrt{3}}$.", "\\sqrt{3}", 1.0, "\\sqrt{3}", None),
+        ("$3x - 7 = 2x + 5$ gives $x = 12$, so \\boxed{12}", "12", 1.0, "12", None),
+        # Boxes that disagree are a hedge, whichever comes last; boxes that agree are one answer.
+        ("First \\boxed{4}, no wait, \\boxed{6}.", "6", 0.0, None, DISAGREE),
+        ("First \\boxed{6}, no wait, \\boxed{4}.", "6", 0.0, None, DISAGREE),
+        ("\\boxed{0.5}, that is \\boxed{\\frac{1}{2}}", "0.5", 1.0, "\\frac{1}{2}", None),
+        ("\\boxed{\\frac{1}{3}}", "0.5", 0.0, "\\frac{1}{3}", WRONG),
         # math-verify compares values: an unevaluated expression of the answer counts.
-        ("\\boxed{6 \\times 7}", "42", 1.0, "6 \\times 7"),
+        ("\\boxed{6 \\times 7}", "42", 1.0, "6 \\times 7", None),
     ],
 )
-def test_reward(answer: str, expected: str, reward: float, extracted: str) -> None:
+def test_reward(answer: str, expected: str, reward: float, extracted: str | None, reason: str | None) -> None:
     result = math_reward(answer, expected)
     assert result.reward == reward
-    assert result.details == {"extracted": extracted}
+    assert result.details == ({"extracted": extracted} if reason is None else {"extracted": extracted, "reason": reason})
 
 
 @pytest.mark.parametrize(
