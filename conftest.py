@@ -28,10 +28,13 @@ _LOG_KEY = pytest.StashKey[Path]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that uses the real vLLM is marked `vllm`, so `-m vllm` (or `-m "not vllm"`) selects it."""
+    """Every test that uses the real vLLM is marked `vllm`, so `-m vllm` (or `-m "not vllm"`) selects it, and
+    runs last: the session's one server then starts after every other test and is up only while it is used."""
+    uses_vllm = {id(item) for item in items if any(name in getattr(item, "fixturenames", ()) for name in VLLM_FIXTURES)}
     for item in items:
-        if any(name in getattr(item, "fixturenames", ()) for name in VLLM_FIXTURES):
+        if id(item) in uses_vllm:
             item.add_marker(pytest.mark.vllm)
+    items.sort(key=lambda item: id(item) in uses_vllm)  # stable: each group keeps its order
 
 
 @pytest.hookimpl(wrapper=True)
