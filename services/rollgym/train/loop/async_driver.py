@@ -53,15 +53,13 @@ class AsyncTrainLoop(TrainLoop):
     def run(self) -> dict[str, Any]:
         plan = self.plan
         assert plan.orchestrator is not None and plan.optimize is not None
+        new, existed = not self.folder.holds_run(), self.output.exists()
         finished = self._open_output()
         self.state = self.folder.read_state()
         if self.state.get("stopped"):
             self.log(f"this run has stopped already: {self.state['stopped']}")
             return self.state
-        started = time.perf_counter()
-        self.serving.serve_base("memory" if plan.colocate else "lora", plan.base_model)
-        self._colocate_trainer()
-        self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
+        self._start_serving("memory" if plan.colocate else "lora", new, existed)
         try:
             if plan.validation is not None and not any(line.get("step") == 0 for line in self.history()):
                 summary = self.validation.validate(0, self._step_dir(0))
