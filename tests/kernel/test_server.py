@@ -157,3 +157,33 @@ def test_binding_beyond_loopback_without_token_refuses_to_start() -> None:
 def test_plain_server_config_forbids_unknown_options() -> None:
     with pytest.raises(Exception, match="colour"):
         ServerConfig.model_validate({"colour": "blue"})
+
+
+def test_an_environment_kept_outside_the_checkout_imports_without_an_init_file(tmp_path) -> None:
+    """A user's ENVS/resources_servers/capital/ (no __init__.py anywhere), started while the checkout's own
+    resources_servers package is importable and imported first: its server class loads (it failed with
+    `No module named 'resources_servers.capital'`). In a child process, whose imports start clean."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from rollgym.testing import REPO_ROOT
+
+    folder = tmp_path / "envs" / "resources_servers" / "capital"
+    shutil.copytree(REPO_ROOT / "resources_servers" / "weather", folder,
+                    ignore=shutil.ignore_patterns("__init__.py", "__pycache__", "tests", "data"))
+    config = folder / "configs" / "capital.yaml"
+    config.write_text("capital:\n  resources_servers:\n    capital:\n      entrypoint: app.py\n")
+    script = ("import resources_servers, sys\n"
+              "from rollgym.config import load_stack\n"
+              "from rollgym.server import load_server_class\n"
+              f"spec = load_stack([{str(config)!r}], add_default_model=False).servers['capital']\n"
+              "print(load_server_class(spec).__name__, resources_servers.__file__)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT / "services"), str(REPO_ROOT),
+                                                                       os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    name, package = result.stdout.split()
+    assert name == "WeatherServer" and package == str(REPO_ROOT / "resources_servers" / "__init__.py")
