@@ -280,7 +280,15 @@ class BaseServer:
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        await self.startup()
+        try:
+            await self.startup()
+        except Exception as exc:
+            # One line that names the server and the cause; the ASGI server's traceback of the same failure is
+            # left out (StartupFailureFilter): a wrong path or setting is a user's mistake, not a crash.
+            cause = str(exc) if isinstance(exc, ServerStartError) else f"{type(exc).__name__}: {exc}"
+            print(f"rollgym: server '{self.name}' cannot start: {cause}", file=sys.stderr, flush=True)
+            StartupFailureFilter.reported = True
+            raise
         try:
             yield
         finally:
@@ -340,6 +348,17 @@ class BaseServer:
             if exc.status_code == 404 and exc.detail == "Not Found":
                 message = f"no route {request.method} {request.url.path}"
             return JSONBytesResponse(error_body(kind, message), exc.status_code, headers=exc.headers)
+
+
+class StartupFailureFilter(logging.Filter):
+    """On uvicorn's error logger: drops the traceback and the closing line of a startup failure the server
+    already reported in one line (`_lifespan`); everything else passes."""
+
+    reported = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.reported and str(record.msg).startswith(("Traceback (most recent call last)",
+                                                                  "Application startup failed")))
 
 
 def _reach_role_folder(spec: ServerSpec) -> None:
