@@ -196,3 +196,29 @@ def test_a_run_with_a_dead_source_names_the_cause_first_and_makes_no_folder(tmp_
         and "Phoenix is not reachable" in first, result.stderr
     assert "Traceback" not in result.stderr and "stack ready" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_new_run_whose_stack_does_not_start_leaves_no_folder(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The one case here that starts a process: a server that fails at startup (a model file that is not
+    there, found only when it loads). The run stops with that cause and takes back the folder it made."""
+    folder = tmp_path / "resources_servers" / "broken"
+    folder.mkdir(parents=True)
+    (folder / "app.py").write_text("from rollgym import ResourcesServer\n\n\nclass BrokenServer(ResourcesServer):\n"
+                                   "    async def startup(self) -> None:\n"
+                                   "        raise FileNotFoundError('model_path /models/missing.gguf: no such file')\n")
+    config = folder / "broken.yaml"
+    config.write_text("broken:\n  resources_servers:\n    broken:\n      entrypoint: app.py\n")
+    tasks = file_in(tmp_path, "tasks.jsonl", '{"responses_create_params": {"input": "hi"}}\n')
+    data = {"output": str(tmp_path / "run"), "stack": {"configs": [str(config)]},
+            "stages": [{"name": "sft", "collect": {"input": tasks, "repeats": 1},
+                        "optimize": {"trainer": "tests.train.toy_trainers:CountingTrainer", "data": "sft"},
+                        "apply": "none"}]}
+    code = main(["train", str(write(tmp_path, data)), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0 and "server 'broken' exited with code 2 before it was ready" in err, err
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "run").mkdir()  # a folder that was there already stays, as it was
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    assert main(["train", str(write(tmp_path, data)), "--no-progress"]) != 0
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["notes.txt"]
