@@ -159,15 +159,18 @@ def test_plain_server_config_forbids_unknown_options() -> None:
         ServerConfig.model_validate({"colour": "blue"})
 
 
-def test_an_environment_kept_outside_the_checkout_imports_without_an_init_file(tmp_path) -> None:
-    """A user's ENVS/resources_servers/capital/ (no __init__.py anywhere), started while the checkout's own
-    resources_servers package is importable and imported first: its server class loads (it failed with
-    `No module named 'resources_servers.capital'`). In a child process, whose imports start clean."""
-    import os
+
+def test_an_environment_kept_outside_the_checkout_imports_without_an_init_file(tmp_path, monkeypatch) -> None:
+    """A user's ENVS/resources_servers/capital/ (no __init__.py anywhere), loaded after the checkout's own
+    resources_servers package was imported: its server class loads (it failed with
+    `No module named 'resources_servers.capital'`)."""
     import shutil
-    import subprocess
     import sys
 
+    import resources_servers
+
+    from rollgym.config import load_stack
+    from rollgym.server import load_server_class
     from rollgym.testing import REPO_ROOT
 
     folder = tmp_path / "envs" / "resources_servers" / "capital"
@@ -175,15 +178,13 @@ def test_an_environment_kept_outside_the_checkout_imports_without_an_init_file(t
                     ignore=shutil.ignore_patterns("__init__.py", "__pycache__", "tests", "data"))
     config = folder / "configs" / "capital.yaml"
     config.write_text("capital:\n  resources_servers:\n    capital:\n      entrypoint: app.py\n")
-    script = ("import resources_servers, sys\n"
-              "from rollgym.config import load_stack\n"
-              "from rollgym.server import load_server_class\n"
-              f"spec = load_stack([{str(config)!r}], add_default_model=False).servers['capital']\n"
-              "print(load_server_class(spec).__name__, resources_servers.__file__)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT / "services"), str(REPO_ROOT),
-                                                                       os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                            cwd=tmp_path, env=env)
-    assert result.returncode == 0, result.stderr
-    name, package = result.stdout.split()
-    assert name == "WeatherServer" and package == str(REPO_ROOT / "resources_servers" / "__init__.py")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # what loading adds is taken back after the test
+    monkeypatch.setattr(resources_servers, "__path__", list(resources_servers.__path__))
+    try:
+        spec = load_stack([config], add_default_model=False).servers["capital"]
+        server = load_server_class(spec)
+        assert server.__name__ == "WeatherServer" and server.__module__ == "resources_servers.capital.app"
+        assert sys.modules["resources_servers.capital.app"].__file__ == str(folder / "app.py")
+    finally:
+        for name in [name for name in sys.modules if name.startswith("resources_servers.capital")]:
+            del sys.modules[name]

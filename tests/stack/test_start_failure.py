@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from rollgym.testing import REPO_ROOT
+import pytest
+
+from rollgym.cli import main
 
 APP = '''
 from rollgym import ResourcesServer
@@ -20,18 +19,16 @@ class BrokenServer(ResourcesServer):
 '''
 
 
-def test_a_server_that_fails_at_startup_is_reported_in_one_line(tmp_path: Path) -> None:
+def test_a_server_that_fails_at_startup_is_reported_in_one_line(tmp_path: Path,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "resources_servers" / "broken"
     folder.mkdir(parents=True)
     (folder / "app.py").write_text(APP)
     config = folder / "broken.yaml"
     config.write_text("broken:\n  resources_servers:\n    broken:\n      entrypoint: app.py\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT / "services"), str(REPO_ROOT),
-                                                                       os.environ.get("PYTHONPATH")]))}
-    result = subprocess.run([sys.executable, "-m", "rollgym.cli", "run", str(config)], capture_output=True, text=True,
-                            timeout=120, cwd=tmp_path, env=env)
-    assert result.returncode != 0
-    assert ("rollgym: server 'broken' cannot start: FileNotFoundError: model_path /models/missing.gguf: no such file"
-            in result.stderr), result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    assert "rollgym: error: server 'broken' exited with code" in result.stderr.splitlines()[-1], result.stderr
+    assert main(["run", str(config)]) == 1
+    err = capfd.readouterr().err  # the server's own stderr too: it is a child process
+    assert "rollgym: server 'broken' cannot start: FileNotFoundError: model_path /models/missing.gguf: no such file" \
+        in err, err
+    assert "Traceback" not in err and "Application startup failed" not in err, err
+    assert err.splitlines()[-1].startswith("rollgym: error: server 'broken' exited with code 2 before it was ready")
