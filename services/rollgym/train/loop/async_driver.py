@@ -38,6 +38,7 @@ from ..orchestrator.orchestrator import Orchestrator, OrchestratorError
 from ..orchestrator.transports.folders import Batch
 from ..trainers.base import Artefact, TrainingFailed
 from ..trainers.jobs import finished_artefact
+from ..trainers.progress import describe
 from .curation import CurateConfig, Curated, CurationError, curate
 from .epochs import TrainLoop
 from .errors import TrainError
@@ -186,8 +187,15 @@ class AsyncTrainLoop(TrainLoop):
         optimize = self.plan.optimize
         assert optimize is not None
         config = step_config(self.plan, optimize, folder, step_version(step), step, previous)
+        shown: list[Any] = [0]
+
+        def tick(progress: dict[str, Any] | None) -> None:  # a line per optimizer step (trainers/progress.py)
+            if self.progress and progress is not None and progress["step"] != shown[0]:
+                shown[0] = progress["step"]
+                self.log(f"step {step} optimize: {describe(progress)}")
+
         try:
-            return self.trainers.train(optimize.trainer, folder / "curated.jsonl", config)
+            return self.trainers.train(optimize.trainer, folder / "curated.jsonl", config, tick)
         except (TrainingFailed, ValueError) as exc:
             raise TrainError(f"step {step} optimize with {optimize.trainer}: {exc}") from None
 
