@@ -37,7 +37,7 @@ def preflight(plan: Plan) -> Preflight:
         for j, entry in enumerate(stage.replay):
             key = f"stages[{i}].replay[{j}]"
             if "://" in entry:
-                _read_source(found, key, entry)
+                _read_source(found, key, entry, stage.optimize.data or "sft", plan.base_model)
             elif Path(entry).is_file():  # a missing one is plan.py's file_problems'
                 _count_rows(found, key, entry, "rollout", None)
     found.problems += _port_problems(plan)
@@ -83,12 +83,20 @@ def _count_rows(found: Preflight, key: str, path: str, kind: str, limit: int | N
         found.counts.append((key, f"{path}: {rows} {kind}{'s' if rows != 1 else ''}{used}"))
 
 
-def _read_source(found: Preflight, key: str, entry: str) -> None:
-    """A trace:// or dataset:// source read whole: reachable, and something left after its filters."""
-    from ...traces.sources import SourceError, filters_of, parse, read_traces
+def _read_source(found: Preflight, key: str, entry: str, kind: str, base_model: str) -> None:
+    """A trace:// or dataset:// source read whole: reachable, and something left after its filters; for a GRPO
+    stage (`groups`), read as the stage will read it, so that episodes without served tokens are refused now."""
+    from ...traces.sources import SourceError, filters_of, parse, read_source, read_traces
     from ...traces.transforms import select
 
     try:
+        if kind == "groups":
+            rows, _ = read_source(entry, kind, base_model)
+            if rows:
+                found.counts.append((key, f"{entry}: {len(rows)} episodes with served tokens kept by its filters"))
+            else:
+                found.problems.append((key, f"{entry}: nothing to train on: no episode kept by its filters"))
+            return
         source = parse(entry)
         filters = filters_of(source)
         traces = read_traces(source)
