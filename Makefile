@@ -22,9 +22,11 @@ install: $(VENV)/.installed
 # the trainer adapters of `rollgym train`; and the proxy agent's example agents and the MCP environment (agents).
 $(VENV)/.installed-trl: $(VENV)/.installed pyproject.toml
 	$(PIP) install --quiet -e ".[test,llamacpp,trl,agents,train,envs,traces]"
-	# verifiers Envs (agents/proxy_agent's verifiers runner): --no-deps, see the `verifiers` extra.
-	$(PIP) install --quiet --no-deps "verifiers==0.4.0" "prime-pydantic-config==0.4.3" "tomli>=2" "tomli-w>=1.0"
+	# verifiers Envs (agents/proxy_agent's verifiers runner): what `verifiers.v1` imports, then verifiers itself
+	# --no-deps (see the `verifiers` extra) and last: pip checks the installed set for conflicts after an install
+	# with dependencies, and would report verifiers' pins (mcp==2.0.0, openai<3) as ERROR lines if it came first.
 	$(PIP) install --quiet "renderers==0.1.12" "anthropic==2.14.0" "prime-sandboxes==0.5.1"
+	$(PIP) install --quiet --no-deps "verifiers==0.4.0" "prime-pydantic-config==0.4.3" "tomli>=2" "tomli-w>=1.0"
 	touch $@
 
 # Each demo run writes to a fresh folder; rerunning a command with the same --output resumes instead.

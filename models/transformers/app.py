@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +41,9 @@ from .weights import WeightLoadError, load_weights
 class TransformersConfig(ServerConfig):
     model_path: str = Field(default="bundled", description="'bundled' (SmolLM2-135M), a *.gguf file, a Hugging Face "
                                                            "model folder or id")
-    model_name: str | None = Field(default=None, description="the name /v1/models lists; default: the path's stem")
+    model_name: str | None = Field(default=None, description="the name /v1/models lists; default: a folder's name, a "
+                                                            "Hugging Face id, or a GGUF's stem with the served precision "
+                                                            "for its quantization (SmolLM2-135M-Instruct.fp32)")
     device: str = Field(default="auto", description="auto: cuda when available, else cpu; or cpu, cuda, cuda:1, mps")
     dtype: Literal["auto", "bf16", "fp16", "fp32"] = Field(default="auto", description="auto: bf16 on cuda, else fp32")
     n_ctx: int = Field(default=4096, ge=64, description="prompt + generation tokens of one request")
@@ -69,8 +72,8 @@ class TransformersModel(LocalModelServer):
 
     async def startup(self) -> None:
         config = self.config
-        self.model_name = config.model_name or served_name(config.model_path)
         self.engine = await asyncio.to_thread(load_engine, config)
+        self.model_name = config.model_name or served_name(config.model_path, self.engine.model.dtype)
         self.base_version = self.model_name
         self._keys = 0
         # The budget in whole slots: each one holds a request's prompt and generation.
@@ -247,15 +250,24 @@ class AdapterLoadError(ValueError):
     """A PEFT adapter the served model cannot take; nothing was changed."""
 
 
-def served_name(model_path: str) -> str:
-    """The base model's name: a GGUF's stem (the bundled one's too, as the embedded model names it), a folder's
-    name, or a Hugging Face id."""
+# A GGUF file's quantization tag at the end of its stem: SmolLM2-135M-Instruct.Q4_1, model-q8_0, x.F16, y-IQ4_XS.
+GGUF_TYPE = re.compile(r"[.\-_](?:I?Q\d[\w]*|[BF]F?16|F32)$", re.IGNORECASE)
+DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def served_name(model_path: str, dtype: Any = None) -> str:
+    """The base model's name, after the weights this server holds: a folder's name or a Hugging Face id as it
+    is; a GGUF (the bundled one's too) is dequantized, so its stem loses the file's quantization tag and names
+    the served precision instead (`SmolLM2-135M-Instruct.Q4_1` served in fp32: `SmolLM2-135M-Instruct.fp32`)."""
     if model_path == "bundled":
         from rollgym.train.trainers.policy import bundled_gguf
 
-        return Path(bundled_gguf()).stem
+        model_path = str(bundled_gguf())
     path = Path(model_path)
-    return path.stem if model_path.endswith(".gguf") else path.name if path.is_dir() else model_path
+    if not model_path.endswith(".gguf"):
+        return path.name if path.is_dir() else model_path
+    precision = DTYPE_NAMES.get(str(dtype), "dequantized")
+    return f"{GGUF_TYPE.sub('', path.stem)}.{precision}"
 
 
 def load_engine(config: TransformersConfig) -> Engine:

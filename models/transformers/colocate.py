@@ -141,6 +141,7 @@ class ColocatedModel(TransformersModel):
         """On the worker thread, alone: one trainer step on the served weights; the step's Artefact."""
         from rollgym.train.trainers.base import Artefact
         from rollgym.train.trainers.grpo_process import grpo_args
+        from rollgym.train.trainers.progress import ProgressWriter
         from rollgym.train.trainers.trl_trainers import read_records
 
         args = grpo_args(config)
@@ -152,7 +153,7 @@ class ColocatedModel(TransformersModel):
         trainer = self.trainer
         model.train()
         try:
-            metrics = trainer.train_records(read_records(dataset))
+            metrics = trainer.train_records(read_records(dataset), ProgressWriter(config.output_dir))
         finally:
             model.eval()
             model.config.use_cache = True

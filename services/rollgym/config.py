@@ -151,7 +151,7 @@ def _load_file(path: Path) -> DictConfig:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{path}: {yaml_problem(exc)}") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -336,6 +336,17 @@ def key_problems(source: str | Path, exc: ValidationError, note: Callable[[str],
     return "\n".join(lines)
 
 
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parse error as one line (PyYAML's message spans several, each counted as a problem otherwise):
+    what is wrong and where, `not valid YAML: expected ',' or ']', but got '<stream end>' (line 4, column 1)`."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if problem is None:
+        problem = " ".join(str(exc).split())
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"not valid YAML: {problem}{where}"
+
+
 def read_mapping(path: Path, kind: str, keys: str) -> dict[str, Any]:
     """The mapping a YAML (or JSON) file holds; ValueError naming the file when it is missing, a folder,
     unreadable, not YAML, empty or not a mapping. `kind` names the file ("plan"), `keys` a few of its keys."""
@@ -349,7 +360,7 @@ def read_mapping(path: Path, kind: str, keys: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read it: {exc}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+        raise ValueError(f"{path}: {yaml_problem(exc)}") from None
     shape = f"{article} {kind} is a mapping of keys ({keys}, ...)"
     if data is None:
         raise ValueError(f"{path}: is empty; {shape}")

@@ -34,6 +34,39 @@ BACKEND_NEUTRAL: dict[str, float] = {"temperature": DEFAULT_TEMPERATURE, "top_p"
                                                                         "min_tokens")}}
 
 
+# The values each sampling setting of a request may take (the Responses API's, vLLM's and the model servers'),
+# as (lowest, highest, whether the lowest itself is allowed, whole numbers only).
+RANGES: dict[str, tuple[float, float, bool, bool]] = {
+    "temperature": (0.0, math.inf, True, False), "top_p": (0.0, 1.0, False, False), "top_k": (-1, math.inf, True, True),
+    "max_output_tokens": (1, math.inf, True, True), "max_tokens": (1, math.inf, True, True),
+    "max_completion_tokens": (1, math.inf, True, True), "min_tokens": (0, math.inf, True, True),
+    "min_p": (0.0, 1.0, True, False), "repetition_penalty": (0.0, math.inf, False, False),
+    "presence_penalty": (-2.0, 2.0, True, False), "frequency_penalty": (-2.0, 2.0, True, False),
+}
+
+
+def range_problems(params: Mapping[str, Any]) -> list[str]:
+    """`KEY VALUE: why` for each sampling setting of request params out of its range (RANGES), so that a plan's
+    `temperature: -1` is refused by key before anything starts rather than by the first request. A temperature
+    schedule (a mapping) is rollgym.data.sampling's to check."""
+    problems = []
+    for key, (low, high, low_allowed, whole) in RANGES.items():
+        value = params.get(key)
+        if value is None or (key == "temperature" and isinstance(value, Mapping)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (whole and not float(value).is_integer()):
+            problems.append(f"{key} {value!r}: must be {'a whole number' if whole else 'a number'}")
+            continue
+        above = value >= low if low_allowed else value > low
+        if not (above and value <= high) or math.isnan(value):
+            lower = f"{'at least' if low_allowed else 'above'} {low:g}"
+            problems.append(f"{key} {value!r}: must be {lower}" + (f" and at most {high:g}" if high < math.inf else ""))
+    least, most = params.get("min_tokens"), params.get("max_output_tokens", params.get("max_tokens"))
+    if not problems and isinstance(least, int) and isinstance(most, int) and least > most:
+        problems.append(f"min_tokens {least}: more than max_output_tokens {most}, which ends every answer first")
+    return problems
+
+
 def temperature_of(sampling: Mapping[str, Any]) -> float:
     """The temperature a request or record says (the default where it says nothing)."""
     value = sampling.get("temperature")
@@ -110,6 +143,6 @@ def trained_temperature(sampling: Mapping[str, Any], where: str, error: type[Exc
     return temperature
 
 
-__all__ = ["BACKEND_NEUTRAL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "RESHAPING", "SERVER_KNOBS", "TOP_K_OFF",
-           "params_problems", "record", "refuse_unreproducible", "reshaping_knobs", "temperature_of", "top_p_of",
-           "trained_temperature", "truncates"]
+__all__ = ["BACKEND_NEUTRAL", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_P", "RANGES", "RESHAPING", "SERVER_KNOBS",
+           "TOP_K_OFF", "params_problems", "range_problems", "record", "refuse_unreproducible", "reshaping_knobs",
+           "temperature_of", "top_p_of", "trained_temperature", "truncates"]

@@ -16,6 +16,7 @@ import logging
 import secrets
 import sys
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, AsyncIterator, ClassVar
 
 import orjson
@@ -279,7 +280,15 @@ class BaseServer:
 
     @asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        await self.startup()
+        try:
+            await self.startup()
+        except Exception as exc:
+            # One line that names the server and the cause; the ASGI server's traceback of the same failure is
+            # left out (StartupFailureFilter): a wrong path or setting is a user's mistake, not a crash.
+            cause = str(exc) if isinstance(exc, ServerStartError) else f"{type(exc).__name__}: {exc}"
+            print(f"rollgym: server '{self.name}' cannot start: {cause}", file=sys.stderr, flush=True)
+            StartupFailureFilter.reported = True
+            raise
         try:
             yield
         finally:
@@ -341,10 +350,38 @@ class BaseServer:
             return JSONBytesResponse(error_body(kind, message), exc.status_code, headers=exc.headers)
 
 
+class StartupFailureFilter(logging.Filter):
+    """On uvicorn's error logger: drops the traceback and the closing line of a startup failure the server
+    already reported in one line (`_lifespan`); everything else passes."""
+
+    reported = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.reported and str(record.msg).startswith(("Traceback (most recent call last)",
+                                                                  "Application startup failed")))
+
+
+def _reach_role_folder(spec: ServerSpec) -> None:
+    """Let `role.folder` import from the folder the stack found (ROOT/role/folder), also when `role` was
+    imported from elsewhere first: an environment kept outside the checkout, whose `resources_servers/` has no
+    `__init__.py` (or has one, but the checkout's package was imported before), would otherwise be looked for in
+    the checkout's `resources_servers/` only (`No module named 'resources_servers.capital'`)."""
+    folder = str(Path(spec.root) / spec.role)
+    try:
+        package = importlib.import_module(spec.role)
+    except ImportError:
+        return
+    paths = getattr(package, "__path__", None)
+    if paths is not None and folder not in list(paths):
+        paths.append(folder)
+
+
 def load_server_class(spec: ServerSpec) -> type[BaseServer]:
     """Import a server folder's entrypoint and return the one BaseServer subclass it defines."""
     if spec.root not in sys.path:
         sys.path.insert(0, spec.root)
+    if not spec.package:
+        _reach_role_folder(spec)
     module = importlib.import_module(spec.module)
     classes = [
         obj for obj in vars(module).values()

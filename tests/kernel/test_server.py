@@ -157,3 +157,34 @@ def test_binding_beyond_loopback_without_token_refuses_to_start() -> None:
 def test_plain_server_config_forbids_unknown_options() -> None:
     with pytest.raises(Exception, match="colour"):
         ServerConfig.model_validate({"colour": "blue"})
+
+
+
+def test_an_environment_kept_outside_the_checkout_imports_without_an_init_file(tmp_path, monkeypatch) -> None:
+    """A user's ENVS/resources_servers/capital/ (no __init__.py anywhere), loaded after the checkout's own
+    resources_servers package was imported: its server class loads (it failed with
+    `No module named 'resources_servers.capital'`)."""
+    import shutil
+    import sys
+
+    import resources_servers
+
+    from rollgym.config import load_stack
+    from rollgym.server import load_server_class
+    from rollgym.testing import REPO_ROOT
+
+    folder = tmp_path / "envs" / "resources_servers" / "capital"
+    shutil.copytree(REPO_ROOT / "resources_servers" / "weather", folder,
+                    ignore=shutil.ignore_patterns("__init__.py", "__pycache__", "tests", "data"))
+    config = folder / "configs" / "capital.yaml"
+    config.write_text("capital:\n  resources_servers:\n    capital:\n      entrypoint: app.py\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # what loading adds is taken back after the test
+    monkeypatch.setattr(resources_servers, "__path__", list(resources_servers.__path__))
+    try:
+        spec = load_stack([config], add_default_model=False).servers["capital"]
+        server = load_server_class(spec)
+        assert server.__name__ == "WeatherServer" and server.__module__ == "resources_servers.capital.app"
+        assert sys.modules["resources_servers.capital.app"].__file__ == str(folder / "app.py")
+    finally:
+        for name in [name for name in sys.modules if name.startswith("resources_servers.capital")]:
+            del sys.modules[name]

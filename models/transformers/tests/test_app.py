@@ -194,7 +194,7 @@ def test_bad_requests_are_4xx_naming_the_field(client: httpx.Client, body: dict[
 
 def test_chat_completions_models_and_chat_errors(client: httpx.Client) -> None:
     models = client.get("/v1/models").json()["data"]
-    assert [card["id"] for card in models] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert [card["id"] for card in models] == ["SmolLM2-135M-Instruct.fp32"]
     chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say hi."}],
                                                       "max_tokens": 5, "logprobs": True, "temperature": 0.5})
     assert chat.status_code == 200, chat.text
@@ -202,7 +202,7 @@ def test_chat_completions_models_and_chat_errors(client: httpx.Client) -> None:
     choice = answer["choices"][0]
     assert 0 < len(choice["token_ids"]) == len(choice["logprobs"]["content"]) <= 5
     assert answer["usage"]["completion_tokens"] == len(choice["token_ids"])
-    assert answer["model_version"] == "SmolLM2-135M-Instruct.Q4_1" and answer["prompt_token_ids"]
+    assert answer["model_version"] == "SmolLM2-135M-Instruct.fp32" and answer["prompt_token_ids"]
     for body, field in (({"messages": "hi"}, "messages"),
                         ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}, "max_tokens"),
                         ({"messages": [{"role": "user", "content": "hi"}], "stop": 5}, "stop"),
@@ -264,3 +264,17 @@ def test_failed_adapter_loads_are_4xx_and_change_nothing(client: httpx.Client, t
     assert [card["id"] for card in client.get("/v1/models").json()["data"]] == [before["model"]]
     after = respond(client, **prompt)
     assert record(after)["generation_log_probs"] == pytest.approx(record(before)["generation_log_probs"], abs=1e-4)
+
+
+@pytest.mark.parametrize(("path", "dtype", "name"), [
+    ("models/SmolLM2-135M-Instruct.Q4_1.gguf", torch.float32, "SmolLM2-135M-Instruct.fp32"),
+    ("models/qwen2.5-0.5b-instruct-q8_0.gguf", torch.bfloat16, "qwen2.5-0.5b-instruct.bf16"),
+    ("x/Llama-3.2-1B.F16.gguf", torch.float16, "Llama-3.2-1B.fp16"),
+    ("x/plain.gguf", torch.float32, "plain.fp32"),
+    ("Qwen/Qwen2.5-0.5B-Instruct", torch.bfloat16, "Qwen/Qwen2.5-0.5B-Instruct"),  # an id names its own weights
+])
+def test_the_base_is_named_after_the_weights_it_serves(path: str, dtype: Any, name: str) -> None:
+    """A GGUF is dequantized when loaded: its quantization tag gives way to the precision served."""
+    from models.transformers.app import served_name
+
+    assert served_name(path, dtype) == name

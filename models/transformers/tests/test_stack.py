@@ -66,7 +66,7 @@ def test_weather_rollouts_carry_token_records_that_extend_each_other(registry_fi
         for item in generated:
             assert len(item["generation_token_ids"]) == len(item["generation_log_probs"]) > 0
             assert all(lp <= 0.0 for lp in item["generation_log_probs"])
-            assert item["sampling"]["logprobs"] == "processed" and item["model_version"] == "SmolLM2-135M-Instruct.Q4_1"
+            assert item["sampling"]["logprobs"] == "processed" and item["model_version"] == "SmolLM2-135M-Instruct.fp32"
             if previous is not None:
                 assert item["prompt_token_ids"][: len(previous)] == previous
             previous = item["prompt_token_ids"] + item["generation_token_ids"]

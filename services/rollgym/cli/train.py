@@ -47,14 +47,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.check:
             return _report_problems(args.plan, str(exc).splitlines())
         raise UsageError(str(exc)) from None
-    from ..traces.sources import plan_problems
+    from ..train.loop.preflight import preflight
 
-    if problems := [f"{args.plan}: {problem}" for problem in plan_problems(plan.stages)]:  # trace://, dataset://
-        if args.check:
-            return _report_problems(args.plan, problems)
-        raise UsageError("\n".join(problems))
+    found = preflight(plan)  # sources reachable and not empty, data files, ports: before anything starts
+    problems = [f"{args.plan}: key '{key}': {message}" for key, message in found.problems]
     if args.check:
-        return check_output(args.plan, plan, args.rewind)
+        return check_output(args.plan, plan, args.rewind, problems, found.counts)
+    if problems:  # the cause first, and no output folder made
+        raise UsageError("\n".join(problems) if len(problems) == 1 else
+                         f"{args.plan}: {len(problems)} problems; nothing started\n" + "\n".join(problems))
     if plan.mode == "async":
         from ..train.loop.async_driver import AsyncTrainLoop
 
@@ -92,16 +93,18 @@ def _report_problems(source: str, problems: list[str]) -> int:
     return 2
 
 
-def check_output(source: str, plan: Any, rewind: int | None = None) -> int:
+def check_output(source: str, plan: Any, rewind: int | None = None, problems: list[str] | None = None,
+                 counts: list[tuple[str, str]] | None = None) -> int:
     """`--check` of a plan that loaded: whether its output folder would be claimed, and where a run there
-    continues; 0 and what would run, or 2 and every problem. Reads the folder, never writes it."""
+    continues; 0 and what would run (with what each source and data file holds: `counts`), or 2 and every
+    problem (`problems`: the preflight's, before the folder's). Reads the folder, never writes it."""
     from pathlib import Path
 
     from ..train.loop.run_folder import PLAN_FILE, RunFolder
 
     unit = "step" if plan.mode == "async" else "epoch"
     folder = RunFolder(Path(plan.output), unit)
-    problems: list[str] = []
+    problems = list(problems or [])
     refusal = folder.refusal(plan.model_dump(mode="json"))
     if refusal is not None:
         problems.append(f"key 'output': {refusal.removeprefix('output: ')}")
@@ -116,6 +119,8 @@ def check_output(source: str, plan: Any, rewind: int | None = None) -> int:
     if problems:
         return _report_problems(source, problems)
     print(f"{source}: ok ({_shape(plan)})")
+    for key, held in counts or []:
+        print(f"  {key}: {held}")
     print(f"output {plan.output}: {_resume_point(plan, folder, finished, rewind)}")
     return 0
 

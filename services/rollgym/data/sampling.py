@@ -46,6 +46,18 @@ def temperature_schedule(params: Mapping[str, Any]) -> TemperatureSchedule | Non
                                    for error in exc.errors())) from None
 
 
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A config's sampling `params` as they are (a field validator of `params`), or ValueError naming each
+    mistake by its key, one per line: a schedule's, or a value out of its range (the sampling contract's RANGES),
+    found when the config is read rather than by the first request."""
+    from ..sampling_contract import range_problems
+
+    temperature_schedule(params)
+    if problems := range_problems(params):
+        raise ValueError("\n".join(problems))
+    return params
+
+
 def params_at(params: Mapping[str, Any], step: int, last: int) -> dict[str, Any]:
     """`params` with a scheduled temperature replaced by its value at `step` of `last` (others unchanged)."""
     schedule = temperature_schedule(params)
@@ -54,4 +66,4 @@ def params_at(params: Mapping[str, Any], step: int, last: int) -> dict[str, Any]
     return {**params, "temperature": schedule.at(step, last)}
 
 
-__all__ = ["TemperatureSchedule", "params_at", "temperature_schedule"]
+__all__ = ["TemperatureSchedule", "check_params", "params_at", "temperature_schedule"]

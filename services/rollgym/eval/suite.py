@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from ..config import StrictModel, key_problems, read_mapping
+from ..data.sampling import check_params
 
 ROOT = Path(__file__).resolve().parents[3]  # the rollgym checkout: bundled suites and environments
 SUITES_DIR = ROOT / "evals"
@@ -55,6 +56,8 @@ class SuiteEnvironmentConfig(StrictModel):
     pass_threshold: float | None = None
     params: dict[str, Any] = Field(default_factory=dict, description="merged over the suite's params")
 
+    _params = field_validator("params")(check_params)  # each value in its range, by key
+
     @field_validator("config", mode="before")
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
@@ -73,6 +76,8 @@ class Suite(StrictModel):
     timeout_s: float = Field(default=600.0, gt=0, description="one attempt of a rollout")
     max_attempts: int = Field(default=2, ge=1, description="tries per rollout on infrastructure failure")
     environments: dict[str, SuiteEnvironmentConfig] = Field(min_length=1)
+
+    _params = field_validator("params")(check_params)  # each value in its range, by key
 
     @field_validator("environments")
     @classmethod

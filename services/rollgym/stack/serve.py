@@ -136,9 +136,14 @@ def run_server(stack: dict[str, Any], name: str, fd: int | None, replica: int = 
     except Exception as exc:  # an import error in the server's own code
         print(f"rollgym: server '{name}' cannot start: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    import logging
+
     import uvicorn
 
+    from ..server import StartupFailureFilter
+
     config = uvicorn_config(server, app, fd=fd)
+    logging.getLogger("uvicorn.error").addFilter(StartupFailureFilter())  # the server's own line says why
     # What is imported and built by now lives as long as the server (~140k objects): frozen out of the
     # cyclic GC's reach, its full passes (~0.1 s each under load) walk only what requests allocate.
     gc.freeze()
@@ -146,7 +151,12 @@ def run_server(stack: dict[str, Any], name: str, fd: int | None, replica: int = 
     # acyclic JSON of the rollouts in flight, not on garbage: 250-400 passes per 1,000 rollouts, 0.15-0.25
     # CPU-ms per rollout in the model and agent servers. Past that transient peak, passes are rare.
     gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    except SystemExit:  # uvicorn's exit on a failed startup, which the server reported in one line
+        if StartupFailureFilter.reported:
+            return 2
+        raise
     return 0
 
 

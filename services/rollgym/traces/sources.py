@@ -84,26 +84,6 @@ def parse(uri: str) -> Source:
     return Source(uri, parts.scheme, parts.netloc, path, options)
 
 
-def plan_problems(stages: list[Any]) -> list[str]:
-    """`stages[i].replay[j]: ...` for each source of a plan's stages that names no readable source (an unknown
-    scheme, store or option, a missing local or OTLP file), found before a stack starts."""
-    problems = []
-    for i, stage in enumerate(stages):
-        for j, entry in enumerate(getattr(stage, "replay", None) or []):
-            if not is_source(entry):
-                continue
-            try:
-                source = parse(entry)
-                filters_of(source)
-                if source.store in ("local", "otlp"):
-                    path = Path(source.path)
-                    if not (path / "spans.jsonl" if path.is_dir() else path).is_file():
-                        raise SourceError(f"{entry}: no such file: {path}")
-            except (SourceError, ValueError) as exc:
-                problems.append(f"key 'stages[{i}].replay[{j}]': {exc}")
-    return problems
-
-
 @dataclass
 class Loaded:
     """A source's episodes, with what the reader has to say about them (scores found only at the other level)."""
@@ -262,4 +242,4 @@ def read_source(entry: str, kind: str, base_model: str, tokenizer: Any = None) -
 
 
 __all__ = ["LEVELS", "Loaded", "Replay", "Source", "SourceError", "filters_of", "is_source", "load", "parse",
-           "plan_problems", "read_source", "read_traces"]
+           "read_source", "read_traces"]

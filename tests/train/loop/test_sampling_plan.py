@@ -61,7 +61,7 @@ SCHEDULE = {"type": "linear", "start_temperature": 1.0, "end_temperature": 0.5}
                 p["stages"][1]["optimize"]["args"].update(temperature=1.0)),
      r"stages\[1\]\.optimize\.args\.temperature: stages\[1\]\.collect\.params\.temperature is a schedule"),
     (lambda p: p["stages"][1]["collect"]["params"].update(temperature={"type": "exponential"}),
-     r"key 'stages\[1\]\.collect': .*temperature\.type: Input should be 'linear' or 'cosine'"),
+     r"key 'stages\[1\]\.collect\.params': temperature\.type: Input should be 'linear' or 'cosine'"),
     (lambda p: p["stages"][1].setdefault("curate", {}).update(filters=[{"type": "gibberish"}]),
      r"key 'stages\[1\]\.curate\.filters\[0\]\.gibberish\.vocab_size': Field required"),
     (lambda p: p["stages"][1].setdefault("curate", {}).update(filters=[{"type": "repetiton"}]),

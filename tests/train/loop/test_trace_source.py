@@ -34,7 +34,8 @@ def plan_file(tmp_path: Path, agents: dict[str, ServerAddress], stage: dict[str,
     return path
 
 
-def test_a_stage_trains_on_trace_sources(tmp_path: Path, scripted_agents: dict[str, ServerAddress]) -> None:
+def test_a_stage_trains_on_trace_sources(tmp_path: Path, scripted_agents: dict[str, ServerAddress],
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     tracing = traces.Tracing(tmp_path / "store")
     ids = []
     for answer, served in [("Sunny.", True), ("Rain.", True), ("Hot.", False)]:
@@ -60,6 +61,10 @@ def test_a_stage_trains_on_trace_sources(tmp_path: Path, scripted_agents: dict[s
             "optimize": {"trainer": f"{TOY}:CountingTrainer", "data": "groups"}}
     with pytest.raises(TrainError, match=r"1 of 3 episodes have no served token ids.*allow_retokenized"):
         TrainLoop(load_plan(plan_file(tmp_path / "b", scripted_agents, grpo)), progress=False).run()
+    from rollgym.cli import main  # the same refusal, found by --check before anything starts
+
+    assert main(["train", str(tmp_path / "b" / "plan.yaml"), "--check"]) == 2
+    assert "key 'stages[0].replay[0]'" in capsys.readouterr().err
 
 
 def test_a_source_that_names_nothing_readable_stops_the_plan_before_a_stack(tmp_path: Path,

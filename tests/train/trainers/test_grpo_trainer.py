@@ -126,6 +126,10 @@ def test_the_long_lived_process_keeps_its_model_fails_a_step_with_its_cause_and_
         second = trainer.submit(good, config(2, first.uri)).wait(timeout=120)
         assert trainer.process.pid == pid and second.metrics["load_s"] == 0.0  # no reload between steps
         assert second.metrics["optimizer_step"] == 2.0
+        # Each optimizer step was reported to the loop's optimize line (trainers/progress.py).
+        progress = orjson.loads((tmp_path / "step-2" / "train" / "progress.json").read_bytes())
+        assert (progress["step"], progress["steps"]) == (1, 1) and progress["tokens"] > 0
+        assert progress["loss"] == pytest.approx(second.metrics["loss"])
         with pytest.raises(TrainingFailed, match=r"raw \(T=1\) logprobs of tokens sampled at temperature 0.5"):
             trainer.submit(bad, config(3, second.uri)).wait(timeout=120)
         assert trainer.process.pid == pid  # a failed step does not take the process down

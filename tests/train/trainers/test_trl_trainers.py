@@ -116,6 +116,10 @@ def test_dpo_one_step_on_token_pairs(shared_base: Any, tmp_path: Path) -> None:
     artefact = T.DPOTrainer().fit(write(tmp_path, records), config(tmp_path, batch_size=2, beta=0.1))
     assert math.isfinite(artefact.metrics["train_loss"]) and artefact.metrics["steps"] == 1
     assert lora_b_norm(artefact.uri) > 0
+    # The step reached the loop's optimize line (trainers/progress.py): 1 of 1, its loss, both answers' tokens.
+    progress = orjson.loads((Path(artefact.uri).parent / "progress.json").read_bytes())
+    assert (progress["step"], progress["steps"]) == (1, 1) and math.isfinite(progress["loss"])
+    assert progress["tokens"] == 2 * (2 * len(prompt) + len(good) + len(bad))
 
 
 def grpo_groups(model: Any, tokenizer: Any, offset: float = 0.0) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from ..orchestrator.orchestrator import Orchestrator, OrchestratorError
 from ..orchestrator.transports.folders import Batch
 from ..trainers.base import Artefact, TrainingFailed
 from ..trainers.jobs import finished_artefact
+from ..trainers.progress import describe
 from .curation import CurateConfig, Curated, CurationError, curate
 from .epochs import TrainLoop
 from .errors import TrainError
@@ -53,15 +54,13 @@ class AsyncTrainLoop(TrainLoop):
     def run(self) -> dict[str, Any]:
         plan = self.plan
         assert plan.orchestrator is not None and plan.optimize is not None
+        new, existed = not self.folder.holds_run(), self.output.exists()
         finished = self._open_output()
         self.state = self.folder.read_state()
         if self.state.get("stopped"):
             self.log(f"this run has stopped already: {self.state['stopped']}")
             return self.state
-        started = time.perf_counter()
-        self.serving.serve_base("memory" if plan.colocate else "weights" if self._full() else "lora", plan.base_model)
-        self._colocate_trainer()
-        self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
+        self._start_serving("memory" if plan.colocate else "weights" if self._full() else "lora", new, existed)
         try:
             if plan.validation is not None and not any(line.get("step") == 0 for line in self.history()):
                 summary = self.validation.validate(0, self._step_dir(0))
@@ -221,8 +220,15 @@ class AsyncTrainLoop(TrainLoop):
         optimize = self.plan.optimize
         assert optimize is not None
         config = step_config(self.plan, optimize, folder, step_version(step), step, previous)
+        shown: list[Any] = [0]
+
+        def tick(progress: dict[str, Any] | None) -> None:  # a line per optimizer step (trainers/progress.py)
+            if self.progress and progress is not None and progress["step"] != shown[0]:
+                shown[0] = progress["step"]
+                self.log(f"step {step} optimize: {describe(progress)}")
+
         try:
-            return self.trainers.train(optimize.trainer, folder / "curated.jsonl", config)
+            return self.trainers.train(optimize.trainer, folder / "curated.jsonl", config, tick)
         except (TrainingFailed, ValueError) as exc:
             raise TrainError(f"step {step} optimize with {optimize.trainer}: {exc}") from None
 

@@ -25,6 +25,7 @@ from ...data.jsonl import read_whole_lines, write_json_atomic
 from ...traces.sources import SourceError, read_source
 from ..trainers.base import Artefact, TrainingFailed
 from ..trainers.jobs import finished_artefact
+from ..trainers.progress import describe
 from .apply import Serving
 from .collect import Collections
 from .curation import Curated, CurationError, curate
@@ -49,19 +50,35 @@ NO_SIGNAL = frozenset({"below_min_reward", "zero_reward_spread", "low_reward_spr
 
 
 class PhaseBar:
-    """A tqdm line for a phase that has no natural progress (curate, optimize, apply)."""
+    """A tqdm line for a phase (curate, optimize, apply); optimize shows the trainer's steps as they come
+    (`step 3/10, 416 tokens/s, loss 0.4100`: trainers/progress.py)."""
 
     def __init__(self, epoch: int, phase: str, enabled: bool) -> None:
         self.bar = tqdm(total=1, desc=f"epoch {epoch} {phase:<8}", disable=not enabled, leave=True,
                         bar_format="{desc} {bar:10} {elapsed} {postfix}", file=sys.stderr)
+        self.shown: Any = None
 
-    def tick(self) -> None:
-        if sys.stderr.isatty():  # a log file gets the finished line only
+    def tick(self, progress: dict[str, Any] | None = None) -> None:
+        """Keep the line's clock going; with a trainer's progress, show its step, throughput and loss (a log
+        file gets a line for each new step, a terminal the clock too)."""
+        if progress is not None and progress.get("step") != self.shown:
+            self.shown = progress.get("step")
+            self.bar.total = max(1, int(progress["steps"]))
+            self.bar.n = min(int(progress["step"]), self.bar.total)
+            self.bar.set_postfix_str(describe(progress), refresh=False)
+            self.bar.refresh()
+        elif sys.stderr.isatty():
             self.bar.refresh()
 
     def done(self, **postfix: Any) -> None:
         self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(1)
+        self.bar.n = self.bar.total
+        self.bar.close()
+
+    def fail(self, cause: str) -> None:
+        """Close the line on the cause's first line (the full error follows it), never on a vaguer summary."""
+        first = cause.splitlines()[0] if cause else "failed"
+        self.bar.set_postfix_str(f"failed: {first[:160]}", refresh=False)
         self.bar.close()
 
 
@@ -139,6 +156,7 @@ class TrainLoop:
 
     def run(self) -> dict[str, Any]:
         plan = self.plan
+        new, existed = not self.folder.holds_run(), self.output.exists()
         self._claim_output()
         self.state = self.folder.read_state()
         if self.state.get("stopped"):
@@ -146,10 +164,7 @@ class TrainLoop:
             return self.state
         mode = self._apply_mode()
         tqdm.monitor_interval = 0  # no monitor thread: the launcher forks servers only from a single thread
-        started = time.perf_counter()
-        self.serving.serve_base(mode, plan.base_model)
-        self._colocate_trainer()
-        self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
+        self._start_serving(mode, new, existed)
         try:
             applied = self._artefact("applied")
             if applied is not None:
@@ -169,6 +184,21 @@ class TrainLoop:
             self.release()
             self.serving.stop()
         return self.state
+
+    def _start_serving(self, mode: str, new: bool, existed: bool) -> None:
+        """Start the stack (serving the base model, or the co-located trainer's); a new run whose stack does
+        not start leaves no output folder behind."""
+        started = time.perf_counter()
+        try:
+            self.serving.serve_base(mode, self.plan.base_model)
+            self._colocate_trainer()
+        except BaseException:
+            self.serving.stop()
+            self.records.close()
+            if new:
+                self.folder.discard_new(existed)
+            raise
+        self.log(f"stack ready in {time.perf_counter() - started:.1f} s")
 
     def _colocate_trainer(self) -> None:
         """Under colocate: true the grpo steps run inside the policy server (colocate.py)."""
@@ -286,7 +316,7 @@ class TrainLoop:
                 raise CurationError(f"epoch {epoch} ({stage.name}): nothing left to train on after curation "
                                     f"({dropped})" + "".join(f"; {note}" for note in curated.notes))
         except (CurationError, SourceError) as exc:
-            bar.done(error="nothing to train on")
+            bar.fail(str(exc))
             raise TrainError(str(exc)) from None
         scored = None
         if stage.teacher is not None and curated.records:  # every trained token, scored by the teacher
@@ -337,7 +367,7 @@ class TrainLoop:
         try:
             artefact = self.trainers.train(trainer, folder / "curated.jsonl", config, bar.tick)
         except (TrainingFailed, ValueError) as exc:
-            bar.done(error="failed")
+            bar.fail(str(exc))
             raise TrainError(f"epoch {epoch} ({stage.name}) optimize with {trainer}: {exc}") from None
         loss = artefact.metrics.get("train_loss", artefact.metrics.get("loss", math.nan))  # TRL's name, grpo's
         bar.done(loss=f"{loss:.4f}", steps=int(artefact.metrics.get("steps", 0)))

@@ -18,6 +18,7 @@ from ...data.jsonl import write_json_atomic
 from ..trainers.base import Artefact, RemoteTrainer, TrainConfig, load_trainer
 from ..trainers.grpo_config import GRPOConfig
 from ..trainers.jobs import ARTEFACT_FILE, SubprocessJob, finished_artefact
+from ..trainers.progress import clear_progress, read_progress
 from .plan import RL_TRAINERS, OptimizeConfig, Plan
 
 
@@ -41,16 +42,22 @@ class Trainers:
                 close()
         self.instances.clear()
 
-    def train(self, name: str, dataset: Path, config: TrainConfig, tick: Callable[[], None] | None = None) -> Artefact:
-        """Run one optimize step through the trainer `name` and record its artefact in the step's folder."""
+    def train(self, name: str, dataset: Path, config: TrainConfig,
+              tick: Callable[[dict[str, Any] | None], None] | None = None) -> Artefact:
+        """Run one optimize step through the trainer `name` and record its artefact in the step's folder;
+        `tick` hears the step's progress (progress.py: step k of n, loss, tokens; None before the first) while
+        it runs."""
         instance = self.get(name)
+        clear_progress(config.output_dir)  # an earlier attempt's steps are not this one's
         if isinstance(instance, RemoteTrainer):
             job = instance.submit(dataset, config)
         else:  # a fit() trainer runs in a child process: its crash fails this step, not the loop
             job = SubprocessJob.start(name, dataset, config)
         while tick is not None and job.status() == "running":
-            tick()
+            tick(read_progress(config.output_dir))
             time.sleep(0.2)
+        if tick is not None:  # the last steps, however quickly they came
+            tick(read_progress(config.output_dir))
         artefact = job.wait()
         folder = Path(config.output_dir)
         if finished_artefact(folder) is None:  # a remote job leaves nothing here

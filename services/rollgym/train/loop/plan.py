@@ -38,11 +38,11 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ...config import StrictModel, import_target, key_problems, read_mapping, set_dotted
 from ...data.rollout_filters import DifficultyConfig
-from ...data.sampling import temperature_schedule
+from ...data.sampling import check_params
 from ...sampling_contract import params_problems, temperature_of
 from .colocate import colocate_problems
 from .curation import CurateConfig, SegmentMode, unverified_problem
@@ -106,8 +106,9 @@ class CollectConfig(StrictModel):
     def _one_source(self) -> "CollectConfig":
         if (self.input is None) == (not self.levels):
             raise ValueError("collect takes input (one task file) or levels (a difficulty curriculum), not both")
-        temperature_schedule(self.params)  # a schedule's mistake names params.temperature.KEY
         return self
+
+    _params = field_validator("params")(check_params)  # each mistake named: params.temperature
 
     @property
     def files(self) -> list[str]:
@@ -139,6 +140,10 @@ class OptimizeConfig(StrictModel):
             if self.trainer not in DATA_KIND:
                 raise ValueError("say what a custom trainer trains on: data: sft | preferences | groups")
             self.data = DATA_KIND[self.trainer]  # type: ignore[assignment]
+        elif self.trainer in DATA_KIND and self.data != DATA_KIND[self.trainer]:  # found here, not after a collection
+            raise ValueError(f"data: {self.data}: {self.trainer} trains on {DATA_KIND[self.trainer]} records; leave "
+                             f"data out, or pick the trainer of {self.data} records "
+                             f"({', '.join(name for name, kind in DATA_KIND.items() if kind == self.data)})")
         if self.trainer in RL_TRAINERS:
             try:  # a misspelt argument fails here, not in the trainer after the first collection
                 self._grpo = GRPOConfig.model_validate(self.args)
@@ -202,6 +207,8 @@ class ValidationConfig(StrictModel):
     limit: int | None = Field(default=None, ge=1)
     params: dict[str, Any] = Field(default_factory=dict)
     pass_threshold: float = 1.0
+
+    _params = field_validator("params")(check_params)
 
     @model_validator(mode="after")
     def _one_source(self) -> "ValidationConfig":

@@ -141,6 +141,16 @@ class RunFolder:
                     f"{', '.join(RESUMABLE_CHANGES)})")
         return None
 
+    def discard_new(self, existed: bool) -> None:
+        """Take back a claim that started nothing (a run whose stack failed to start): a folder the claim made
+        is removed, one that was there already is left as it was (empty, or holding no run). Only a new run's:
+        a run being resumed is never touched."""
+        if not existed:
+            shutil.rmtree(self.root, ignore_errors=True)
+            return
+        (self.root / PLAN_FILE).unlink(missing_ok=True)
+        shutil.rmtree(self.root / "serving", ignore_errors=True)
+
     def holds_run(self) -> bool:
         """A run was started in the folder (its plan.json is there)."""
         return (self.root / PLAN_FILE).is_file()

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from ...config import StrictModel, key_problems, read_mapping
 from ...data.advantages import AdvantageConfig
 from ...data.rollout_filters import DifficultyConfig, RolloutFilter
-from ...data.sampling import temperature_schedule
+from ...data.sampling import check_params, temperature_schedule
 
 
 class EnvConfig(StrictModel):
@@ -28,10 +28,7 @@ class EnvConfig(StrictModel):
     params: dict[str, Any] = Field(default_factory=dict, description="merged into responses_create_params; "
                                    "temperature may be a schedule over the steps (rollgym.data.sampling)")
 
-    @model_validator(mode="after")
-    def _schedule(self) -> "EnvConfig":
-        temperature_schedule(self.params)  # a schedule's mistake names params.temperature.KEY
-        return self
+    _params = field_validator("params")(check_params)  # each mistake named: params.temperature
 
 
 class OrchestratorConfig(StrictModel):

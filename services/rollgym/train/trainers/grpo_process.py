@@ -33,6 +33,7 @@ from ...processes import die_with_parent
 from .jobs import ARTEFACT_FILE, log_cause, own_group_dies_with_parent
 from .base import Artefact, JobStatus, TrainConfig, TrainingFailed
 from .grpo_config import GRPOConfig
+from .progress import ProgressWriter
 
 FAILED_FILE = "failed.json"
 STOP_FILE = "stop"
@@ -263,7 +264,7 @@ def serve(control: Path) -> int:
                 trainer.load(config.init_adapter)
                 loaded, since = trainer.load_s, 0
             trained_from = time.perf_counter()
-            metrics = trainer.train_records(read_records(Path(request["dataset"])))
+            metrics = trainer.train_records(read_records(Path(request["dataset"])), ProgressWriter(output_dir))
             train_s = time.perf_counter() - trained_from
             since += 1
             if since >= args.checkpoint_every:  # sharded: AdamW's shards written while the loop collects

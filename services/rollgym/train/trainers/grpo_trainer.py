@@ -199,9 +199,10 @@ class PolicyTrainer:
 
     # ------------------------------------------------------------------ training
 
-    def train_records(self, groups: list[dict[str, Any]]) -> dict[str, float]:
+    def train_records(self, groups: list[dict[str, Any]], progress: Any = None) -> dict[str, float]:
         """Train on curated groups: `epochs` passes, `groups_per_step` groups per batch, one optimizer
-        step per batch (or `mini_batches`); returns the steps' metrics, averaged."""
+        step per batch (or `mini_batches`); returns the steps' metrics, averaged. `progress` (a
+        progress.ProgressWriter) hears of each optimizer step: its number of all, loss, tokens so far."""
         args = self.args
         by_group = sequences_of(groups, args.temperature)
         if not by_group:
@@ -226,10 +227,20 @@ class PolicyTrainer:
             own = [k for k, seq in enumerate(rollouts) if id(seq) in needed]
             computed = self._logprobs_no_grad(rollouts, own)
             old = {id(rollouts[k]): computed[k] for k in own}
-        history = [self.train_batch(batch, old) for batch in batches]
+        total = len(batches) * args.mini_batches
+        done = {"steps": 0, "tokens": 0.0}
+
+        def report(step: dict[str, float]) -> None:
+            done["steps"] += 1
+            done["tokens"] += step["tokens"]
+            if progress is not None and self.dist.rank == 0:
+                progress.update(done["steps"], total, step["loss"], done["tokens"])
+
+        history = [self.train_batch(batch, old, report) for batch in batches]
         return combined(history) | {"steps": float(len(history)), "optimizer_step": float(self.step)}
 
-    def train_batch(self, batch: list[TrainSequence], old_logprobs: dict[int, Any] | None = None) -> dict[str, float]:
+    def train_batch(self, batch: list[TrainSequence], old_logprobs: dict[int, Any] | None = None,
+                    report: Any = None) -> dict[str, float]:
         """`mini_batches` optimizer steps on one batch (default one). The PPO ratio's π_old: the given
         logprobs (by `id` of each sequence: computed once when the data is used more than once), else the
         policy at the start of the batch: taken from the same forward pass when there is one step (the
@@ -253,6 +264,8 @@ class PolicyTrainer:
             results.append(self._optimizer_step([batch[i] for i in part],
                                                 [old[i] for i in part] if old is not None else None,
                                                 [ref[i] for i in part] if ref is not None else None))
+            if report is not None:
+                report(results[-1])
         return combined(results)
 
     def _micro_batches(self, indices: list[int], batch: list[TrainSequence]) -> list[list[int]]:

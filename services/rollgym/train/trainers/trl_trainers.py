@@ -14,6 +14,8 @@ The policy-gradient step is not TRL's: its GRPOTrainer cannot take the sampling 
 Adapter arguments (the plan's `optimize.args`): `learning_rate`, `epochs` (passes over the data),
 `max_steps`, `batch_size`, `lora` (`r`, `alpha`, `dropout`, `target_modules`, `layers`), `threads`,
 `beta` (DPO); `trl` is a dict passed to the TRL config as is.
+
+Each optimizer step is reported to the step's progress file (`progress.py`), which the loop's optimize line shows.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import orjson
 
 from .base import Artefact, TrainConfig, TrainingFailed
+from .progress import trl_callback
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -81,6 +84,8 @@ class _LoraTrainer:
         loaded = time.perf_counter()
         metrics: dict[str, float] = {"examples": float(len(rows)), "load_s": round(loaded - started, 3)}
         trainer = self.build(model, tokenizer, rows, config, metrics)
+        per_step = trainer.args.per_device_train_batch_size * trainer.args.gradient_accumulation_steps
+        trainer.add_callback(trl_callback(config.output_dir, per_step * sum(map(self.tokens, rows)) / len(rows)))
         result = trainer.train()
         trained = time.perf_counter()
         metrics.update(train_loss=float(result.training_loss), steps=float(result.global_step),
@@ -105,6 +110,11 @@ class _LoraTrainer:
               metrics: dict[str, float]) -> Any:
         raise NotImplementedError
 
+    @staticmethod
+    def tokens(row: dict[str, Any]) -> int:
+        """The tokens one record puts through the model (the progress line's tokens/s)."""
+        raise NotImplementedError
+
 
 def _load(config: TrainConfig) -> tuple[Any, Any]:
     from .policy import load_policy
@@ -114,6 +124,10 @@ def _load(config: TrainConfig) -> tuple[Any, Any]:
 
 class SFTTrainer(_LoraTrainer):
     kind = "sft"
+
+    @staticmethod
+    def tokens(row: dict[str, Any]) -> int:
+        return len(row.get("prompt_ids") or ()) + len(row.get("completion_ids") or ())
 
     def build(self, model: Any, tokenizer: Any, rows: list[dict[str, Any]], config: TrainConfig,
               metrics: dict[str, float]) -> Any:
@@ -138,6 +152,10 @@ class SFTTrainer(_LoraTrainer):
 
 class DPOTrainer(_LoraTrainer):
     kind = "preferences"
+
+    @staticmethod
+    def tokens(row: dict[str, Any]) -> int:  # the prompt goes through twice, once with each answer
+        return 2 * len(row["prompt_ids"]) + len(row["chosen_ids"]) + len(row["rejected_ids"])
 
     def build(self, model: Any, tokenizer: Any, rows: list[dict[str, Any]], config: TrainConfig,
               metrics: dict[str, float]) -> Any:
