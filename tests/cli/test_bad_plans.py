@@ -165,7 +165,8 @@ def test_check_reports_what_each_source_and_file_holds(tmp_path: Path, capsys: p
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"  stages[0].replay[0]: {tmp_path / 'old.jsonl'}: 2 rollouts" in out
-    assert "  stages[0].collect.input: " in out and "tasks (the first 16 used)" in out
+    limit = data["stages"][0]["collect"]["limit"]
+    assert "  stages[0].collect.input: " in out and f"tasks (the first {limit} used)" in out
 
 
 def test_a_fixed_port_in_use_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
