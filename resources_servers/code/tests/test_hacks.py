@@ -13,7 +13,7 @@ import pytest
 from resources_servers.code.app import CodeServer, CodeServerConfig
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
 
 ADD = env_folder(__file__).rows()[0]  # add(a, b): 4 asserts such as `assert add(2, 3) == 5`
 DEDUPE = {"responses_create_params": ADD["responses_create_params"], "entry_point": "dedupe",
@@ -122,12 +122,7 @@ def grader() -> Iterator[Callable[[dict, Hack], dict]]:
                         name="code")
     with serve_in_thread(server) as url, httpx.Client(base_url=url, timeout=60) as http:
 
-        def verify(row: dict, hack: Hack) -> dict:
-            answer = http.post("/verify", json={**row, "response": hack_response(hack)})
-            assert answer.status_code == 200, answer.text
-            return answer.json()
-
-        yield verify
+        yield http_verifier(http)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from resources_servers.instruction_following.app import InstructionFollowingServer
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item
+from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item
 
 ROWS = env_folder(__file__).rows()
 BOTTLE = ROWS[0]  # lowercase, no commas, 30-80 words, mentions "steel" and "leak-proof"
@@ -58,12 +58,7 @@ def grader() -> Iterator[Callable[[dict, Hack], dict]]:
     with serve_in_thread(InstructionFollowingServer(name="instruction_following")) as url, \
             httpx.Client(base_url=url, timeout=60) as http:
 
-        def verify(row: dict, hack: Hack) -> dict:
-            answer = http.post("/verify", json={**row, "response": hack_response(hack)})
-            assert answer.status_code == 200, answer.text
-            return answer.json()
-
-        yield verify
+        yield http_verifier(http)
 
 
 @pytest.fixture(scope="module")

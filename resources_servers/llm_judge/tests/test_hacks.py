@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from typing import Any
 
 import httpx
@@ -24,7 +25,7 @@ from resources_servers.llm_judge.app import LLMJudgeConfig, LLMJudgeServer
 from rollgym import ModelServer, ResponsesCreateParams, ServerAddress, build_response
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
 
 ROW = env_folder(__file__).rows()[0]  # why the sky is blue; rubric and reference name Rayleigh scattering
 # An instruction to the judge (the row's rubric says "Full marks: ..." too, but instructs no one).
@@ -110,12 +111,7 @@ def grader() -> Iterator[Callable[[Hack], dict]]:
         http = stack.enter_context(httpx.Client(base_url=stack.enter_context(serve_in_thread(env)), timeout=60))
         assert http.post("/seed_session", json=ROW).status_code == 200
 
-        def verify(hack: Hack) -> dict:
-            answer = http.post("/verify", json={**ROW, "response": hack_response(hack)})
-            assert answer.status_code == 200, answer.text
-            return answer.json()
-
-        yield verify
+        yield partial(http_verifier(http), ROW)
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
 import httpx
 import pytest
 
 from resources_servers.math.app import MathServer
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
 
 QUESTION = "Compute $40 + 2$. Put the final answer in \\boxed{}."
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": QUESTION}]}, "expected_answer": "42"}
@@ -49,12 +50,7 @@ def grader() -> Iterator[Callable[[Hack], dict]]:
     with serve_in_thread(MathServer(name="math")) as url, httpx.Client(base_url=url, timeout=60) as http:
         assert http.post("/seed_session", json=ROW).status_code == 200
 
-        def verify(hack: Hack) -> dict:
-            answer = http.post("/verify", json={**ROW, "response": hack_response(hack)})
-            assert answer.status_code == 200, answer.text
-            return answer.json()
-
-        yield verify
+        yield partial(http_verifier(http), ROW)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -14,7 +15,7 @@ import pytest
 
 from resources_servers.reasoning_gym.app import ReasoningGymServer
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, hack_response, reason_matches, message_item, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
 
 # "Find the Greatest Common Divisor (GCD) of these numbers: 18, 2." → 2
 ROW = json.loads((Path(__file__).parents[1] / "data" / "gcd_validation.jsonl").read_text().splitlines()[0])
@@ -50,12 +51,7 @@ def grader() -> Iterator[Callable[[Hack], dict]]:
             httpx.Client(base_url=url, timeout=60) as http:
         assert http.post("/seed_session", json=ROW).status_code == 200
 
-        def verify(hack: Hack) -> dict:
-            answer = http.post("/verify", json={**ROW, "response": hack_response(hack)})
-            assert answer.status_code == 200, answer.text
-            return answer.json()
-
-        yield verify
+        yield partial(http_verifier(http), ROW)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ a few honest answers that must still be paid. The tests run every row through th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import final_response
 
@@ -43,6 +43,17 @@ def hack_response(hack: Hack) -> dict[str, Any]:
     response = final_response("")
     response["output"] = list(hack.answer)
     return response
+
+
+def http_verifier(http: Any) -> Callable[[dict[str, Any], Hack], dict[str, Any]]:
+    """`(row, hack) -> the /verify answer` of the environment that `http` (an httpx.Client at its URL) serves."""
+
+    def verify(row: dict[str, Any], hack: Hack) -> dict[str, Any]:
+        answer = http.post("/verify", json={**row, "response": hack_response(hack)})
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    return verify
 
 
 def message_item(text: str) -> dict[str, Any]:
