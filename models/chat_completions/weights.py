@@ -7,7 +7,8 @@ The trainer's full weights reach the backends as a folder of safetensors files t
 * vLLM (0.32, started with `VLLM_SERVER_DEV_MODE=1`), per backend, in this order (`reload_backend`):
   `POST /pause?mode=wait` (in-flight generations finish on the old weights; `abort` cuts them short),
   `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR, "is_checkpoint_format":
-  true}}`, `POST /update_weight_version {"new_version": VERSION}`, and `POST /resume`, which comes also when
+  true}}`, `POST /reset_prefix_cache` (cached K/V of the old weights), `POST /update_weight_version
+  {"new_version": VERSION}`, and `POST /resume`, which comes also when
   the reload failed, so that a backend that did not take the weights keeps serving its old ones;
 * SGLang: `POST /update_weights_from_disk {model_path, weight_version}`.
 
@@ -133,6 +134,12 @@ async def reload_backend(server: Any, backend: Backend, path: str, version: str,
             ok, message = await _call(server, backend, "/collective_rpc", {
                 "method": "reload_weights", "kwargs": {"weights_path": path, "is_checkpoint_format": True}})
             seconds["reload"] = round(time.perf_counter() - step, 3)
+            if ok:
+                # The prefix cache holds K/V the old weights computed: a prompt sharing a prefix with an earlier
+                # one would be sampled from them, so it goes before the new weights serve anything.
+                step = time.perf_counter()
+                ok, message = await _call(server, backend, "/reset_prefix_cache", None)
+                seconds["cache"] = round(time.perf_counter() - step, 3)
             if ok:
                 step = time.perf_counter()
                 ok, message = await _call(server, backend, "/update_weight_version", {"new_version": version})

@@ -137,6 +137,7 @@ def weight_route_answers(root: str, path: str) -> dict[str, Any]:
     calls = [("POST", "/pause?mode=wait", None), ("GET", "/is_paused", None),
              ("POST", "/collective_rpc", {"method": "reload_weights",
                                           "kwargs": {"weights_path": path, "is_checkpoint_format": True}}),
+             ("POST", "/reset_prefix_cache", None),
              ("POST", "/update_weight_version", {"new_version": "probe"}), ("GET", "/weight_info", None),
              ("POST", "/resume", None), ("GET", "/is_paused", None),
              ("POST", "/update_weight_version", {}),

@@ -19,7 +19,7 @@ import httpx
 from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsModel
 from rollgym.testing import SCRIPTED_BACKEND_COMMAND, free_port, scripted_backend, serve_in_thread
 
-RELOAD_SEQUENCE = ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+RELOAD_SEQUENCE = ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
 
 
 def weights_folder(path: Path) -> Path:
@@ -66,7 +66,7 @@ def test_every_vllm_backend_pauses_reloads_names_the_version_and_resumes(tmp_pat
             assert calls[0][1] == {"mode": "wait"}  # in-flight generations finish on the old weights
             assert calls[1][1] == {"method": "reload_weights",
                                    "kwargs": {"weights_path": str(weights), "is_checkpoint_format": True}}
-            assert calls[2][1] == {"new_version": "scripted@policy-s001"}
+            assert calls[3][1] == {"new_version": "scripted@policy-s001"}
             assert httpx.get(f"{root(url)}/weight_info").json() == {"weight_version": "scripted@policy-s001"}
             assert httpx.get(f"{root(url)}/is_paused").json() == {"is_paused": False}
         assert set(versions(client, 4)) == {"scripted@policy-s001"}

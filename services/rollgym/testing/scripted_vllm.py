@@ -797,6 +797,12 @@ async def _resume(request: web.Request) -> web.Response:
     return _json_response({"status": "resumed"})
 
 
+async def _reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's dev-mode `POST /reset_prefix_cache` -> `{"success": true}` (this backend caches nothing)."""
+    request.app[_LOG].append({"path": request.path, "body": None})
+    return _json_response({"success": True})
+
+
 async def _is_paused(request: web.Request) -> web.Response:
     return _json_response({"is_paused": not request.app[_PAUSED].is_set()})
 
@@ -1118,6 +1124,7 @@ def build_app(
         app.router.add_post("/resume", _resume)
         app.router.add_get("/is_paused", _is_paused)
         app.router.add_post("/collective_rpc", _collective_rpc)
+        app.router.add_post("/reset_prefix_cache", _reset_prefix_cache)
         app.router.add_post("/update_weight_version", _update_weight_version)
         app.router.add_get("/weight_info", _weight_info)
     app.router.add_get("/health", _health)
