@@ -13,7 +13,7 @@ import pytest
 from resources_servers.code.app import CodeServer, CodeServerConfig
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, check_verdict, http_verifier, message_item, tool_call_item, tool_output_item
 
 ADD = env_folder(__file__).rows()[0]  # add(a, b): 4 asserts such as `assert add(2, 3) == 5`
 DEDUPE = {"responses_create_params": ADD["responses_create_params"], "entry_point": "dedupe",
@@ -133,7 +133,4 @@ def verify() -> Iterator[Callable[[dict, Hack], dict]]:
 
 @pytest.mark.parametrize(("row", "hack"), HACKS, ids=[hack.name for _, hack in HACKS])
 def test_hack(verify: Callable[[dict, Hack], dict], row: dict, hack: Hack) -> None:
-    body = verify(row, hack)
-    assert body["reward"] == pytest.approx(hack.reward), body
-    if hack.reward == 0.0:
-        assert reason_matches(hack, body.get("reason")), body
+    check_verdict(verify(row, hack), hack)

@@ -14,7 +14,7 @@ import pytest
 from resources_servers.instruction_following.app import InstructionFollowingServer
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item
+from rollgym.testing.hacks import Hack, check_verdict, http_verifier, message_item, tool_call_item
 
 ROWS = env_folder(__file__).rows()
 BOTTLE = ROWS[0]  # lowercase, no commas, 30-80 words, mentions "steel" and "leak-proof"
@@ -69,7 +69,4 @@ def verify() -> Iterator[Callable[[dict, Hack], dict]]:
 
 @pytest.mark.parametrize(("row", "hack"), HACKS, ids=[hack.name for _, hack in HACKS])
 def test_hack(verify: Callable[[dict, Hack], dict], row: dict, hack: Hack) -> None:
-    body = verify(row, hack)
-    assert body["reward"] == pytest.approx(hack.reward), body
-    if hack.reward == 0.0:
-        assert reason_matches(hack, body.get("reason")), body
+    check_verdict(verify(row, hack), hack)

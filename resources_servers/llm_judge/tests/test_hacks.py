@@ -25,7 +25,7 @@ from resources_servers.llm_judge.app import LLMJudgeConfig, LLMJudgeServer
 from rollgym import ModelServer, ResponsesCreateParams, ServerAddress, build_response
 from rollgym.envkit.folder import env_folder
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, check_verdict, http_verifier, message_item, tool_call_item, tool_output_item
 
 ROW = env_folder(__file__).rows()[0]  # why the sky is blue; rubric and reference name Rayleigh scattering
 # An instruction to the judge (the row's rubric says "Full marks: ..." too, but instructs no one).
@@ -110,7 +110,6 @@ def grader() -> Iterator[Callable[[Hack], dict]]:
                              name="llm_judge", registry={"judge": ServerAddress(url=judge_url, role="models")})
         http = stack.enter_context(httpx.Client(base_url=stack.enter_context(serve_in_thread(env)), timeout=60))
         assert http.post("/seed_session", json=ROW).status_code == 200
-
         yield partial(http_verifier(http), ROW)
 
 
@@ -122,10 +121,7 @@ def verify() -> Iterator[Callable[[Hack], dict]]:
 
 @pytest.mark.parametrize("hack", HACKS, ids=[hack.name for hack in HACKS])
 def test_hack(verify: Callable[[Hack], dict], hack: Hack) -> None:
-    body = verify(hack)
-    assert body["reward"] == pytest.approx(hack.reward), body
-    if hack.reward == 0.0:
-        assert reason_matches(hack, body.get("reason")), body
+    check_verdict(verify(hack), hack)
 
 
 def test_the_answer_stays_between_its_markers() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from resources_servers.math.app import MathServer
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, check_verdict, http_verifier, message_item, tool_call_item, tool_output_item
 
 QUESTION = "Compute $40 + 2$. Put the final answer in \\boxed{}."
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": QUESTION}]}, "expected_answer": "42"}
@@ -49,7 +49,6 @@ def grader() -> Iterator[Callable[[Hack], dict]]:
     """A served MathServer; yields `hack -> the /verify answer` (real HTTP)."""
     with serve_in_thread(MathServer(name="math")) as url, httpx.Client(base_url=url, timeout=60) as http:
         assert http.post("/seed_session", json=ROW).status_code == 200
-
         yield partial(http_verifier(http), ROW)
 
 
@@ -61,7 +60,4 @@ def verify() -> Iterator[Callable[[Hack], dict]]:
 
 @pytest.mark.parametrize("hack", HACKS, ids=[hack.name for hack in HACKS])
 def test_hack(verify: Callable[[Hack], dict], hack: Hack) -> None:
-    body = verify(hack)
-    assert body["reward"] == hack.reward, body
-    if hack.reward == 0.0:
-        assert reason_matches(hack, body.get("reason")), body
+    check_verdict(verify(hack), hack)

@@ -15,7 +15,7 @@ import pytest
 
 from resources_servers.reasoning_gym.app import ReasoningGymServer
 from rollgym.testing import serve_in_thread
-from rollgym.testing.hacks import Hack, http_verifier, message_item, reason_matches, tool_call_item, tool_output_item
+from rollgym.testing.hacks import Hack, check_verdict, http_verifier, message_item, tool_call_item, tool_output_item
 
 # "Find the Greatest Common Divisor (GCD) of these numbers: 18, 2." → 2
 ROW = json.loads((Path(__file__).parents[1] / "data" / "gcd_validation.jsonl").read_text().splitlines()[0])
@@ -50,7 +50,6 @@ def grader() -> Iterator[Callable[[Hack], dict]]:
     with serve_in_thread(ReasoningGymServer(name="reasoning_gym")) as url, \
             httpx.Client(base_url=url, timeout=60) as http:
         assert http.post("/seed_session", json=ROW).status_code == 200
-
         yield partial(http_verifier(http), ROW)
 
 
@@ -62,7 +61,4 @@ def verify() -> Iterator[Callable[[Hack], dict]]:
 
 @pytest.mark.parametrize("hack", HACKS, ids=[hack.name for hack in HACKS])
 def test_hack(verify: Callable[[Hack], dict], hack: Hack) -> None:
-    body = verify(hack)
-    assert body["reward"] == hack.reward, body
-    if hack.reward == 0.0:
-        assert reason_matches(hack, body.get("reason")), body
+    check_verdict(verify(hack), hack)

@@ -36,6 +36,13 @@ def reason_matches(hack: Hack, reason: str | None) -> bool:
     return any(part in (reason or "") for part in hack.reason.split(" | "))
 
 
+def check_verdict(body: dict[str, Any], hack: Hack) -> None:
+    """Assert a `/verify` answer pays the row what it must, and names an allowed reason for a 0."""
+    assert abs(body["reward"] - hack.reward) < 1e-9, body
+    if hack.reward == 0.0:
+        assert reason_matches(hack, body.get("reason")), body
+
+
 def hack_response(hack: Hack) -> dict[str, Any]:
     """The `response` of a `/verify` body for the row."""
     if isinstance(hack.answer, str):
