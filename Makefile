@@ -95,10 +95,20 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
-vllm: $(VLLM_VENV)/.installed
+# vLLM's CPU build keeps a tied lm_head's packed weights through a full-weight reload: the plugin re-packs them
+# (models/chat_completions/vllm_cpu_plugin).
+VLLM_PLUGIN := models/chat_completions/vllm_cpu_plugin
+$(VLLM_VENV)/.installed-plugin: $(VLLM_VENV)/.installed $(VLLM_PLUGIN)/pyproject.toml $(VLLM_PLUGIN)/rollgym_vllm_cpu_reload.py
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps ./$(VLLM_PLUGIN)
+	touch $@
 
+vllm: $(VLLM_VENV)/.installed-plugin
+
+# Two test processes (pytest-xdist): most tests wait on a server or a process start, and one process left the
+# second core idle. conftest.py sends each test file to one process and the vLLM tests together to one.
+TEST_PROCESSES ?= 2
 test: $(VENV)/.installed-trl browser phoenix swe-repos mini-swe-agent vllm
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
 
 # Look at the rollouts of every demo run (and anything else under runs/) in the browser.
 view: install

@@ -28,13 +28,35 @@ _LOG_KEY = pytest.StashKey[Path]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that uses the real vLLM is marked `vllm`, so `-m vllm` (or `-m "not vllm"`) selects it, and
-    runs last: the session's one server then starts after every other test and is up only while it is used."""
+    """Every test that uses the real vLLM is marked `vllm`, so `-m vllm` (or `-m "not vllm"`) selects it.
+
+    In one process they run last: the session's one server then starts after every other test and is up only
+    while it is used. Spread over processes (`make test`: pytest-xdist, `--dist loadgroup`), each test file is
+    one unit of work for one process (its module fixtures start once), the vLLM tests are one unit (one
+    server) and go first with the files that hold slow tests, so that the longest units do not come last."""
     uses_vllm = {id(item) for item in items if any(name in getattr(item, "fixturenames", ()) for name in VLLM_FIXTURES)}
     for item in items:
         if id(item) in uses_vllm:
             item.add_marker(pytest.mark.vllm)
-    items.sort(key=lambda item: id(item) in uses_vllm)  # stable: each group keeps its order
+    if config.getoption("dist", "no") != "loadgroup":
+        items.sort(key=lambda item: id(item) in uses_vllm)  # stable: each group keeps its order
+        return
+    groups = {id(item): "vllm" if id(item) in uses_vllm else worker_group(item) for item in items}
+    slow_groups = {groups[id(item)] for item in items if item.get_closest_marker("slow") is not None}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
+    items.sort(key=lambda item: (groups[id(item)] != "vllm", groups[id(item)] not in slow_groups))
+
+
+def worker_group(item: pytest.Item) -> str:
+    """The unit of work a test goes to one process with: its file; the example agents' folder, whose
+    conftest.py starts one embedded model for all of them; and the tests that start a local Ray cluster."""
+    path = Path(str(item.path)).resolve().relative_to(REPO_ROOT).as_posix()
+    if path.startswith("agents/proxy_agent/examples/"):
+        return "agents/proxy_agent/examples"
+    if "ray" in Path(path).stem.split("_"):
+        return "ray"
+    return path
 
 
 @pytest.hookimpl(wrapper=True)
@@ -55,11 +77,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytes
 @pytest.fixture(scope="session")
 def vllm_model_dir() -> Path:
     """The bundled model as vLLM serves it (fp32 safetensors, config, tokenizer), written once."""
-    from rollgym.testing.real_vllm import missing_reason
+    from rollgym.testing.real_vllm import missing_reason, vllm_python
 
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
+    if not any((vllm_python().parent.parent / "lib").glob("python*/site-packages/rollgym_vllm_cpu_reload.py")):
+        pytest.skip("the vLLM venv has no rollgym-vllm-cpu-reload plugin (models/chat_completions/vllm_cpu_plugin; "
+                    "make vllm installs it): without it a full-weight reload leaves vLLM's lm_head on the old weights")
     try:
         from rollgym.train.trainers.servable import servable_base
     except ImportError as exc:  # torch or transformers: the [trl] extra

@@ -41,8 +41,9 @@ def served(vllm_server: Any, vllm_model_dir: Path, tmp_path_factory: pytest.Temp
 
 
 def trained_weights(model_dir: Path, folder: Path, scale: float = 0.02) -> Path:
-    """The base model after a made-up step: every MLP down-projection moved by seeded noise, saved as the
-    trainer saves a full-weight step (model.safetensors beside config.json, the tied lm_head left out)."""
+    """The base model after a made-up step: every MLP down-projection and the token embedding (tied to the
+    lm_head: vLLM must tie them again after a reload) moved by seeded noise, saved as the trainer saves a
+    full-weight step (model.safetensors beside config.json, the tied lm_head left out)."""
     import shutil
 
     import torch
@@ -51,7 +52,7 @@ def trained_weights(model_dir: Path, folder: Path, scale: float = 0.02) -> Path:
     weights = load_file(str(model_dir / "model.safetensors"))
     generator = torch.Generator().manual_seed(0)
     for name, tensor in weights.items():
-        if name.endswith("mlp.down_proj.weight"):
+        if name.endswith(("mlp.down_proj.weight", "embed_tokens.weight")):
             weights[name] = tensor + scale * torch.randn(tensor.shape, generator=generator)
     folder.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -168,8 +169,8 @@ def test_the_scripted_backend_answers_the_weight_routes_as_vllm_does(served: dic
 def test_rollgym_train_full_weight_grpo_async_through_the_real_vllm(served: dict[str, Any]) -> None:
     """`rollgym train`, mode: async, finetune: full: two GRPO steps on reverse_text, every rollout sampled by
     the real vLLM, each step's weights reloaded into it; each rollout's version maps to the step that sampled
-    it and step 1 trains the very weights that sampled its batch (ρ near 1). 147 s on the busy 2-core machine
-    (the trainer's model load, step and fp32 checkpoint are most of it)."""
+    it, and a step that trains the very weights that sampled its batch has ρ near 1. 147 s on the busy 2-core
+    machine (the trainer's model load, step and fp32 checkpoint are most of it)."""
     pytest.importorskip("transformers", reason="the grpo trainer needs transformers (the [trl] extra)")
     import orjson
 
@@ -209,13 +210,18 @@ def test_rollgym_train_full_weight_grpo_async_through_the_real_vllm(served: dict
     model = served["model"]
     for line in trained:
         assert line["model_version"] == f"{model}@policy-s{line['step']:03d}" and line["weights"]["counted"]
+    by_step = {line["step"]: line for line in history}
     for step in (1, 2):
+        sampled = set()
         for rollout in (orjson.loads(row) for row in
                         (run / "orchestrator" / "steps" / f"step_{step}" / "batch.jsonl").read_bytes().splitlines()):
             versions = {item["model_version"] for item in rollout["response"]["output"] if item.get("model_version")}
             expected = model if rollout["sampled_step"] == 0 else f"{model}@policy-s{rollout['sampled_step']:03d}"
             assert versions == {expected}, (versions, rollout["sampled_step"])
-    first = history[1]["train"]
-    if "importance_ratio_mean" in first:
-        assert abs(first["importance_ratio_mean"] - 1) < 0.01, first
+            sampled.add(rollout["sampled_step"])
+        # A batch sampled by the weights its step trains (step 1's always; step 2's when no rollout of it was
+        # one step stale) has ρ = π_θ / μ = 1 up to fp32: vLLM served exactly the trainer's weights.
+        if sampled == {step - 1}:
+            train = by_step[step]["train"]
+            assert abs(train["importance_ratio_mean"] - 1) < 0.01, (step, train)
     assert not (tmp / "shm").exists()

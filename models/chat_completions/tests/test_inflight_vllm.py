@@ -26,7 +26,9 @@ from models.chat_completions.app import ChatCompletionsConfig, ChatCompletionsMo
 from rollgym.schema import ModelResponse
 from rollgym.testing import serve_in_thread
 
-MAX_TOKENS = 24
+# Long enough that a reload asked for after the first few tokens lands while the generation runs (a fast
+# machine makes 24 tokens before a reload gets there).
+MAX_TOKENS = 64
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
 
 
@@ -147,7 +149,7 @@ def test_a_generation_aborted_for_a_reload_comes_back_whole_with_two_spans(vllm_
         plain, _ = timed(client, request(history))
 
         def reload() -> None:  # through the model server: pause with abort, reload, name v2, resume
-            wait_for_tokens(root, MAX_TOKENS // 4)
+            wait_for_tokens(root, 4)
             answer = client.post("/update_weights_from_disk", json={
                 "model_path": str(vllm_model_dir), "weight_version": "v2", "pause_mode": "abort"})
             assert answer.status_code == 200, answer.text
