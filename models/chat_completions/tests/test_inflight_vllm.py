@@ -28,7 +28,7 @@ from rollgym.testing import serve_in_thread
 
 # Long enough that a reload asked for after the first few tokens lands while the generation runs (a fast
 # machine makes 24 tokens before a reload gets there).
-MAX_TOKENS = 64
+MAX_TOKENS = 48
 PROMPT = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
 
 
