@@ -105,10 +105,10 @@ $(VLLM_VENV)/.installed-plugin: $(VLLM_VENV)/.installed $(VLLM_PLUGIN)/pyproject
 vllm: $(VLLM_VENV)/.installed-plugin
 
 # Two test processes (pytest-xdist): most tests wait on a server or a process start, and one process left the
-# second core idle. conftest.py sends each test file to one process and the vLLM tests together to one.
+# second core idle. conftest.py sends each test file to one process, the vLLM tests' files together to one.
 TEST_PROCESSES ?= 2
 test: $(VENV)/.installed-trl browser phoenix swe-repos mini-swe-agent vllm
-	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # Look at the rollouts of every demo run (and anything else under runs/) in the browser.
 view: install

@@ -11,8 +11,9 @@ server serves (a LoRA, weights) put it back as they found it.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
@@ -32,33 +33,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Every test that uses the real vLLM is marked `vllm`, so `-m vllm` (or `-m "not vllm"`) selects it.
 
     In one process they run last: the session's one server then starts after every other test and is up only
-    while it is used. Spread over processes (`make test`: pytest-xdist, `--dist loadgroup`), each test file is
-    one unit of work for one process (its module fixtures start once), the vLLM tests are one unit (one
-    server) and go first with the files that hold slow tests, so that the longest units do not come last."""
+    while it is used. Spread over processes (`make test`: pytest-xdist, `--dist loadfile`), the units of work
+    (`work_unit`) go out in this order: the vLLM files first, then the files that hold slow tests, so that
+    the longest units do not come last."""
     uses_vllm = {id(item) for item in items if any(name in getattr(item, "fixturenames", ()) for name in VLLM_FIXTURES)}
     for item in items:
         if id(item) in uses_vllm:
             item.add_marker(pytest.mark.vllm)
-    # xdist's workers see `dist` as "no" and `loadgroup` set; its controller sees `dist`.
-    if not (getattr(config.option, "loadgroup", False) or config.getoption("dist", "no") == "loadgroup"):
+    if not hasattr(config, "workerinput"):  # one process (xdist's workers have workerinput)
         items.sort(key=lambda item: id(item) in uses_vllm)  # stable: each group keeps its order
         return
-    groups = {id(item): "vllm" if id(item) in uses_vllm else worker_group(item) for item in items}
-    slow_groups = {groups[id(item)] for item in items if item.get_closest_marker("slow") is not None}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
-    items.sort(key=lambda item: (groups[id(item)] != "vllm", groups[id(item)] not in slow_groups))
+    units = {id(item): work_unit(item.nodeid) for item in items}
+    slow_units = {units[id(item)] for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: (units[id(item)] != "vllm", units[id(item)] not in slow_units))
 
 
-def worker_group(item: pytest.Item) -> str:
-    """The unit of work a test goes to one process with: its file; the example agents' folder, whose
-    conftest.py starts one embedded model for all of them; and the tests that start a local Ray cluster."""
-    path = Path(str(item.path)).resolve().relative_to(REPO_ROOT).as_posix()
+def work_unit(nodeid: str) -> str:
+    """What goes to one test process whole: a test file (its module fixtures start once); every file whose
+    tests use the session's vLLM (one server); the example agents' folder, whose conftest.py starts one
+    embedded model for all of them; the tests that start a local Ray cluster."""
+    path = nodeid.split("::", 1)[0]
+    if _uses_vllm(path):
+        return "vllm"
     if path.startswith("agents/proxy_agent/examples/"):
         return "agents/proxy_agent/examples"
     if "ray" in Path(path).stem.split("_"):
         return "ray"
     return path
+
+
+@functools.cache
+def _uses_vllm(path: str) -> bool:
+    try:
+        return any(name in (REPO_ROOT / path).read_text(errors="replace") for name in VLLM_FIXTURES)
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile` with `work_unit` as the unit. (xdist's own `loadgroup` marks do not group on
+    pytest 9.2, whose node ids xdist can no longer rename: pytest-xdist issue 1386.)"""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
