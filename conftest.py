@@ -2,9 +2,8 @@
 
 `vllm_server` is one vLLM (rollgym.testing.real_vllm) for the whole run, serving the bundled SmolLM2-135M
 in fp32 (`vllm_model_dir`, converted once into .cache/vllm/) with the tool-aware template of
-models/chat_completions/templates/smollm2_tools.jinja and vLLM's hermes tool-call parser, a forced call's
-arguments held to the tool's schema (`--tool-strict-level parameter`, as the embedded model's grammar holds
-them; vLLM's default holds only tools marked `strict`). A test that uses it is marked `vllm` (select them with `pytest -m vllm`), is skipped with the reason when `make vllm` has
+models/chat_completions/templates/smollm2_tools.jinja and vLLM's hermes tool-call parser. A test that uses
+it is marked `vllm` (select them with `pytest -m vllm`), is skipped with the reason when `make vllm` has
 not built `.venv-vllm`, and shows the end of the server's log when it fails. Tests that change what the
 server serves (a LoRA, weights) put it back as they found it.
 """
@@ -127,6 +126,6 @@ def vllm_server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     pytestconfig.stash[_LOG_KEY] = log_path
     with real_vllm(vllm_model_dir, "--chat-template", str(TOOLS_TEMPLATE), "--enable-auto-tool-choice",
-                   "--tool-call-parser", "hermes", "--tool-strict-level", "parameter",
+                   "--tool-call-parser", "hermes",
                    served_model_name=VLLM_MODEL_NAME, log_path=log_path) as server:
         yield server

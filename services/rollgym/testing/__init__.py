@@ -31,8 +31,10 @@ def serve_in_thread(server: BaseServer, *, port: int = 0, timeout_s: float = 20.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    # Keep-alive as `rollgym run` serves (stack/serve.py): longer than a client's, so a client never sends on a
+    # connection the server is closing (uvicorn's 5 s equals httpx's pool expiry: a ReadError under load).
     config = uvicorn.Config(server.build_app(), log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=2)
+                            timeout_graceful_shutdown=2, timeout_keep_alive=75)
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
