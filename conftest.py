@@ -126,6 +126,5 @@ def vllm_server(vllm_model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     pytestconfig.stash[_LOG_KEY] = log_path
     with real_vllm(vllm_model_dir, "--chat-template", str(TOOLS_TEMPLATE), "--enable-auto-tool-choice",
-                   "--tool-call-parser", "hermes",
-                   served_model_name=VLLM_MODEL_NAME, log_path=log_path) as server:
+                   "--tool-call-parser", "hermes", served_model_name=VLLM_MODEL_NAME, log_path=log_path) as server:
         yield server

@@ -142,6 +142,8 @@ def test_env_list_shows_installed_verifiers_envs_with_the_line_that_runs_them(tm
 
     agent = yaml.safe_load(weather["config"])["agent"]
     monkeypatch.syspath_prepend(str(site))
+    # An earlier test in this process may have imported the examples' module of that name.
+    monkeypatch.delitem(sys.modules, "rollgym_vf_weather", raising=False)
     VerifiersRunner(**agent)
     try:
         env = load_env(agent["env"], local_program=False)
