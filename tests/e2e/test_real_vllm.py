@@ -154,6 +154,30 @@ def test_weather_rollout_is_one_token_sequence(stack: dict[str, httpx.Client]) -
     assert stack["model"].get("/backends").json()["parsing"]["generations"] == parsed_before + 1
 
 
+def test_a_constrained_tokens_logprob_is_after_vllms_grammar_mask(stack: dict[str, httpx.Client],
+                                                                   trainer_model: Any) -> None:
+    # Why the trainer gives tokens sampled under a grammar no behaviour ratio (grpo_batch.behaviour_logprobs):
+    # vLLM's logprob there is of the distribution renormalised over what the grammar admitted, log π − log Z,
+    # never below the model's own log π, and above it wherever the grammar cut off some of the mass.
+    body = json.loads(json.dumps(WEATHER["responses_create_params"]))
+    body["tools"][0]["strict"] = True
+    body.update(tool_choice=FORCED, max_output_tokens=48, temperature=1.0, seed=11)
+    item = token_item(respond(stack["model"], body))
+    generated, logprobs = item["generation_token_ids"], item["generation_log_probs"]
+    assert item["generation_constrained"] == [1] * len(generated)
+    forced = item.get("generation_forced") or [0] * len(generated)
+    own = trainer_logprobs(trainer_model, item["prompt_token_ids"], generated, 1.0)
+    sampled = [(mu, pi) for mu, pi, f in zip(logprobs, own, forced) if not f]
+    assert sampled and all(mu >= pi - TOLERANCE for mu, pi in sampled)
+    above = [mu - pi for mu, pi in sampled if mu - pi > 0.05]
+    print(f"{len(above)} of {len(sampled)} sampled tokens' μ above π, by {sum(above) / max(len(above), 1):.2f} nats")
+    assert above
+    from rollgym.train.trainers.grpo_batch import behaviour_logprobs
+
+    sequence = {"completion_logprobs": logprobs, "completion_constrained": item["generation_constrained"]}
+    assert all(x != x for x in behaviour_logprobs(sequence))  # NaN: π_old stands in for μ
+
+
 def test_reasoning_and_tool_calls_are_parsed_on_both_paths(vllm_server: VllmServer) -> None:
     # A regex (vLLM's structured outputs) makes the tiny model think, then call the tool (turn 1: the chat
     # endpoint, vLLM's hermes parser and the <think> tags read here), then think and answer (turn 2: a

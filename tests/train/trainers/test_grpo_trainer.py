@@ -177,6 +177,38 @@ def test_environment_and_forced_tokens_are_out_of_the_loss() -> None:
     assert sequence.loss_tokens == 3
 
 
+@pytest.mark.parametrize("objective", ["ppo_tis", "surogate"])
+def test_a_token_sampled_under_a_grammar_has_no_behaviour_ratio(tiny_model, objective) -> None:
+    # Engines report a constrained token's μ after their grammar's mask (vLLM: log π − log Z) or before it (the
+    # embedded model): the trainer takes π_old there, so the step does not depend on which one it was given.
+    def step(constrained_logprob: float | None) -> tuple[dict, dict]:
+        data = groups(4)
+        sequence = data[0]["rollouts"][0]["sequence"]
+        if constrained_logprob is not None:
+            sequence["completion_constrained"] = [0, 1, 0, 1, 1, 0]
+            sequence["completion_logprobs"] = [constrained_logprob if c else x for x, c in
+                                               zip(sequence["completion_logprobs"], sequence["completion_constrained"])]
+        trainer = PolicyTrainer(GRPOConfig(learning_rate=1e-2, lora=LORA, max_logprob_gap=1.0,
+                                           loss={"objective": objective}), tiny_model, seed=5)
+        trainer.load(None)
+        return trainer.train_records(data), adapter_weights(trainer.model)
+
+    masked_metrics, masked = step(-0.01)      # as a post-mask engine reports it: 3.7 nats above π
+    own_metrics, own = step(-9.0)             # any other value
+    assert masked_metrics["unratioed_tokens"] == own_metrics["unratioed_tokens"] == 3
+    assert all(torch.equal(masked[n], own[n]) for n in masked)
+    assert masked_metrics["logprob_gap_mean"] == pytest.approx(own_metrics["logprob_gap_mean"])
+    assert masked_metrics["logprob_gap_mean"] < 0.5
+    # Unflagged, the same logprobs are a mismatch the guard refuses.
+    with pytest.raises(TrainingFailed, match="differ from the trainer's"):
+        data = groups(4)
+        data[0]["rollouts"][0]["sequence"]["completion_logprobs"][1:5] = [-0.01] * 4
+        trainer = PolicyTrainer(GRPOConfig(learning_rate=1e-2, lora=LORA, max_logprob_gap=0.3,
+                                           loss={"objective": objective}), tiny_model, seed=5)
+        trainer.load(None)
+        trainer.train_records(data)
+
+
 def test_full_weights_gradient_checkpointing_and_bf16_are_settings(tiny_model, tmp_path) -> None:
     data = groups(3)
     plain = PolicyTrainer(GRPOConfig(finetune="full", learning_rate=1e-3), tiny_model)

@@ -25,7 +25,7 @@ class TrainSequence:
     prompt_ids: list[int]
     completion_ids: list[int]
     loss_mask: list[int]  # 1: a token the policy sampled (not the environment's, not forced)
-    sampling_logprobs: list[float]
+    sampling_logprobs: list[float]  # NaN where a grammar restricted the sampling: no behaviour ratio there
     advantage: float
     temperature: float
     rollout: int | None = None  # None: a rollout of its own
@@ -65,14 +65,24 @@ def sequences_of(groups: list[dict[str, Any]], temperature: float | None = None)
                                      f"{temperature}; the ratio must compare one distribution")
             for sequence in member.get("sequences") or [member["sequence"]]:
                 members.append(TrainSequence(list(sequence["prompt_ids"]), list(sequence["completion_ids"]),
-                                             model_token_mask(sequence),
-                                             [float(x) for x in sequence["completion_logprobs"]],
+                                             model_token_mask(sequence), behaviour_logprobs(sequence),
                                              float(member["advantage"]), sampled_at, number,
                                              turn_token_advantages(sequence, where),
                                              teacher_of(sequence, where)))
             number += 1
         out.append(members)
     return out
+
+
+def behaviour_logprobs(sequence: dict[str, Any]) -> list[float]:
+    """A sequence's sampling logprobs (log μ), NaN at the tokens a grammar restricted (`completion_constrained`).
+    There μ is the distribution renormalised over what the grammar admitted, as vLLM and SGLang report it
+    (their mask comes before their logprobs), or the model's own, as the embedded model reports it: either
+    way it is not what the trainer's unconstrained π_old can be divided by, so the trainer takes π_old
+    itself there (ρ = 1: no behaviour correction, the PPO ratio still applies) whatever the engine."""
+    values = [float(x) for x in sequence["completion_logprobs"]]
+    constrained = sequence.get("completion_constrained") or [0] * len(values)
+    return [math.nan if c else x for x, c in zip(values, constrained)]
 
 
 def turn_token_advantages(sequence: dict[str, Any], where: str) -> list[float] | None:
@@ -129,5 +139,5 @@ def token_shards(lengths: list[int], world: int) -> list[list[int]]:
     return [sorted(shard) for shard in shards]
 
 
-__all__ = ["TrainSequence", "mini_batch_parts", "rollout_keys", "sampling_temperature", "sequences_of",
+__all__ = ["TrainSequence", "behaviour_logprobs", "mini_batch_parts", "rollout_keys", "sampling_temperature", "sequences_of",
            "teacher_of", "token_shards", "turn_token_advantages"]

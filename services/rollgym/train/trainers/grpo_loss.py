@@ -3,7 +3,9 @@
 For every token t of rollout i that the policy sampled (m_it = 1: a model token, not an environment
 token and not one a grammar forced), with A_i the rollout's advantage as the batch computed it:
 
-    log μ_it       the sampling logprob the model server recorded, under the sampling temperature
+    log μ_it       the sampling logprob the model server recorded, under the sampling temperature; at a
+                   token a grammar restricted (`completion_constrained`) log π_old,it instead (ρ = 1,
+                   grpo_batch.behaviour_logprobs says why)
     log π_old,it   the trainer's logprob at the start of this optimizer step (no gradient)
     log π_θ,it     the trainer's logprob now (the one the gradient flows through)
 

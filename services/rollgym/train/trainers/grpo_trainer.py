@@ -425,11 +425,11 @@ class PolicyTrainer:
         filler = next(i for i in range(len(batch)) if batch[i].loss_tokens)
         passes = [(indices, False) for indices in micro] + [([filler], True)] * (rounds - len(micro))
         # Measured on the device and read once after the loop: reading a value inside it would wait for
-        # the GPU at every micro-batch. The objective's statistics summed, then the loss and Σ |log π_old −
-        # log μ|; its `_min` and `_max` ones also reduced by min and max.
+        # the GPU at every micro-batch. The objective's statistics summed, then the loss, Σ |log π_old −
+        # log μ| and the tokens it compares; its `_min` and `_max` ones also reduced by min and max.
         objective = args.loss.impl
         names = objective.statistics
-        sums = torch.zeros(len(names) + 2, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(len(names) + 3, dtype=torch.float64, device=self.device)
         extremes = {name: torch.full((), math.inf if name.endswith("_min") else -math.inf, dtype=torch.float64,
                                      device=self.device) for name in names if name.endswith(("_min", "_max"))}
         tokens = rollouts = 0
@@ -453,7 +453,10 @@ class PolicyTrainer:
                           else logprobs.detach())
                 ref_lp = (torch.cat([ref[i] for i in indices]).to(self.device) if ref is not None and not dummy
                           else None)
-                terms = policy_loss(logprobs, old_lp, tensors["sampled"], tensors["advantages"], tensors["rollout"],
+                # A grammar-restricted token has no sampling logprob to compare (behaviour_logprobs): π_old's own.
+                unratioed = torch.isnan(tensors["sampled"])
+                sampled = torch.where(unratioed, old_lp, tensors["sampled"])
+                terms = policy_loss(logprobs, old_lp, sampled, tensors["advantages"], tensors["rollout"],
                                     token_scales, args.loss, ref_lp, rollouts=len(indices),
                                     teacher_logprobs=tensors["teacher"])
                 # DDP averages gradients over processes; the scales already divide by the whole batch.
@@ -461,8 +464,9 @@ class PolicyTrainer:
             if dummy:
                 continue
             with torch.no_grad():
-                gap = (old_lp - tensors["sampled"]).abs().sum().double()
-                sums += torch.cat([terms.stats, terms.loss.detach().double()[None], gap[None]])
+                gap = (old_lp - sampled).abs().sum().double()
+                compared = (~unratioed).sum().double()
+                sums += torch.cat([terms.stats, terms.loss.detach().double()[None], gap[None], compared[None]])
                 for name, extreme in extremes.items():
                     pick = torch.minimum if name.endswith("_min") else torch.maximum
                     extremes[name] = pick(extreme, terms.stats[names.index(name)])
@@ -471,12 +475,11 @@ class PolicyTrainer:
         summed = [name for name in names if name not in extremes]
         values = sums.tolist()
         measured = dict(zip(names, values))
-        *totals, loss, gap_sum, tokens, rollouts = dist.all_sum(
-            [measured[name] for name in summed] + values[-2:] + [float(tokens), float(rollouts)])
+        *totals, loss, gap_sum, gap_tokens, tokens, rollouts = dist.all_sum(
+            [measured[name] for name in summed] + values[-3:] + [float(tokens), float(rollouts)])
         named = dict(zip(summed, totals))
         for name, extreme in extremes.items():
             named[name] = (dist.all_min if name.endswith("_min") else dist.all_max)([float(extreme)])[0]
-        gap_tokens = tokens
         if args.max_logprob_gap is not None and gap_tokens and gap_sum / gap_tokens > args.max_logprob_gap:
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingFailed(
@@ -495,6 +498,7 @@ class PolicyTrainer:
             self.scheduler.step()
             self.step += 1
         self.optimizer.zero_grad(set_to_none=True)
+        unratioed = tokens - gap_tokens
         tokens = max(tokens, 1.0)
         # The teacher's measure, where the objective counts it: Σ (log π_θ − log π_T) over the tokens it taught.
         taught = ({"teacher_kl": named["teacher_kl_sum"] / max(named["teacher_tokens"], 1.0),
@@ -502,7 +506,8 @@ class PolicyTrainer:
                   if batch[0].teacher_logprobs and {"teacher_kl_sum", "teacher_tokens"} <= set(named) else {})
         return ({"loss": loss, "grad_norm": grad_norm, "lr": lr, "tokens": tokens, "rollouts": rollouts}
                 | objective.metrics(named, tokens)
-                | {"logprob_gap_mean": gap_sum / tokens, "skipped_steps": float(skipped)} | taught)
+                | {"logprob_gap_mean": gap_sum / max(gap_tokens, 1.0), "unratioed_tokens": unratioed,
+                   "skipped_steps": float(skipped)} | taught)
 
 
 __all__ = ["DistInfo", "PolicyTrainer", "STATE_FILE", "TrainSequence", "checkpoint_of", "combined", "decoder_layers",
