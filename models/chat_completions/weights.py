@@ -16,8 +16,9 @@ vLLM's OpenAI answers do not say which weights generated them, so this server ke
 (`Backend.weight_version`) and stamps it on what the backend generates. While a backend reloads, requests for
 it wait here (`WeightsGate.admit`) instead of queueing in the paused engine: a generation is dispatched either
 before the pause (and finishes on the old weights, `mode=wait`) or after the resume, so the version read at
-dispatch is the one that sampled it. A backend that failed a request and comes back (a restarted vLLM starts
-on its base weights, version "default") is checked with `GET /weight_info` before it gets traffic again and
+dispatch is the one that sampled it. A backend that failed a request and comes back (a restarted vLLM or SGLang
+starts on its base weights, version "default") is checked (vLLM: `GET /weight_info`, SGLang: `GET /get_model_info`,
+each with its `weight_version`) before it gets traffic again and
 reloaded to the pool's current weights first (when it serves other weights than it was last given); so is every
 backend at most `weights_check_s` after its last
 check (a restart no request saw).
@@ -36,7 +37,8 @@ from .routing import Backend, BackendUnavailable
 
 PauseMode = Literal["wait", "abort", "keep"]
 RELOAD_TIMEOUT_S = 600.0
-VLLM_INITIAL_VERSION = "default"  # what vLLM's /weight_info says before any /update_weight_version
+INITIAL_VERSION = "default"  # what vLLM and SGLang report before a reload names another version
+VERSION_ROUTES = {"vllm": "/weight_info", "sglang": "/get_model_info"}  # GET -> {..., "weight_version"}
 
 
 @dataclass
@@ -56,7 +58,7 @@ class WeightsGate:
         for gates in (self.reloading, self.checking):
             while (done := gates.get(backend.url)) is not None:
                 await done.wait()
-        if self.path is None or server.config.backend != "vllm":
+        if self.path is None or server.config.backend not in VERSION_ROUTES:
             return
         now = time.monotonic()
         if not backend.needs_weights_check and now - backend.weights_checked_at < server.config.weights_check_s:
@@ -65,7 +67,7 @@ class WeightsGate:
         try:
             served = await served_version(server, backend)
             # A failed reload keeps its old version (the next update tries it again): only a restart differs.
-            if served is not None and served != (backend.weight_version or VLLM_INITIAL_VERSION):
+            if served is not None and served != (backend.weight_version or INITIAL_VERSION):
                 result = await reload_backend(server, backend, self.path, self.version or "", "wait")
                 if not result["ok"]:
                     raise BackendUnavailable(f"backend {backend.url} serves {served!r} and did not reload "
@@ -78,12 +80,12 @@ class WeightsGate:
 
 
 async def served_version(server: Any, backend: Backend) -> str | None:
-    """What vLLM's `GET /weight_info` says the backend serves (None: it did not say)."""
+    """The `weight_version` the backend says it serves (None: it did not say)."""
+    route = VERSION_ROUTES[server.config.backend]
     try:
-        reply = await server.client.get(backend.root, "/weight_info", timeout_s=30.0, max_retries=0,
-                                        headers=_auth(server))
+        reply = await server.client.get(backend.root, route, timeout_s=30.0, max_retries=0, headers=_auth(server))
     except Exception as exc:  # noqa: BLE001 - a backend that does not answer is down
-        raise BackendUnavailable(f"backend {backend.url}: /weight_info: {exc}") from None
+        raise BackendUnavailable(f"backend {backend.url}: {route}: {exc}") from None
     if not reply.ok:
         return None
     version = reply.json().get("weight_version") if isinstance(reply.json(), dict) else None

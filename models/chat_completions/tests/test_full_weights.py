@@ -97,10 +97,10 @@ def test_a_backend_that_fails_the_reload_keeps_its_old_weights_and_is_tried_agai
 
 
 @contextmanager
-def backend_on(port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """A scripted vLLM on a fixed port (to be restarted there), until the block ends."""
-    process = subprocess.Popen([*SCRIPTED_BACKEND_COMMAND, "--host", "127.0.0.1", "--port", str(port), "--token-info"],
-                               stdout=subprocess.DEVNULL)
+def backend_on(port: int, shape: str = "vllm") -> Iterator[subprocess.Popen[bytes]]:
+    """A scripted vLLM (or SGLang) on a fixed port (to be restarted there), until the block ends."""
+    process = subprocess.Popen([*SCRIPTED_BACKEND_COMMAND, "--host", "127.0.0.1", "--port", str(port), "--token-info",
+                                "--shape", shape], stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -139,6 +139,32 @@ def test_a_restarted_backend_is_brought_to_the_current_weights_before_it_gets_tr
             paths = [entry["path"] for entry in served]
             generated = [i for i, path in enumerate(paths) if path in ("/v1/chat/completions", "/v1/completions")]
             assert generated and min(generated) > paths.index("/resume")  # no traffic before it had the weights
+
+
+def test_a_restarted_sglang_backend_is_brought_to_the_current_weights_before_it_gets_traffic(tmp_path: Path) -> None:
+    weights = weights_folder(tmp_path / "s1")
+    port = free_port()
+    restarted = f"http://127.0.0.1:{port}/v1"
+    with ExitStack() as stack:
+        first = stack.enter_context(backend_on(port, "sglang"))
+        other = stack.enter_context(scripted_backend("--token-info", "--shape", "sglang"))
+        client = stack.enter_context(pool([restarted, other], backend="sglang", backend_cooldown_s=0.3))
+        assert client.post("/update_weights_from_disk", json={"model_path": str(weights),
+                                                              "weight_version": "m@s1"}).status_code == 200
+        first.terminate()
+        first.wait(timeout=10)
+        assert set(versions(client, 3)) == {"m@s1"}
+        with backend_on(port, "sglang"):  # restarted: SGLang starts on its base weights, version "default"
+            time.sleep(0.4)
+            assert set(versions(client, 6)) == {"m@s1"}
+            assert httpx.get(f"http://127.0.0.1:{port}/get_model_info").json()["weight_version"] == "m@s1"
+            served = httpx.get(f"http://127.0.0.1:{port}/scripted/requests").json()["requests"]
+            paths = [entry["path"] for entry in served]
+            reloads = [i for i, path in enumerate(paths) if path == "/update_weights_from_disk"]
+            assert len(reloads) == 1 and served[reloads[0]]["body"]["model_path"] == str(weights)
+            generated = [i for i, path in enumerate(paths) if path.startswith(("/v1/", "/generate"))
+                         and path != "/v1/models"]
+            assert generated and min(generated) > reloads[0]  # no traffic before it had the weights
 
 
 def test_an_openai_backend_cannot_reload_weights(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ Full weights, vLLM shape (its dev-mode routes, ``VLLM_SERVER_DEV_MODE=1``): ``PO
 ``*.safetensors`` is 500; ``--fail-reloads N``: the first N reloads fail with 500, a worker that died;
 ``--reload-latency-ms``: how long one takes),
 ``POST /update_weight_version {"new_version"}`` and ``GET /weight_info``, answered as vLLM 0.32 answers them.
-SGLang shape: ``POST /update_weights_from_disk``.
+SGLang shape: ``POST /update_weights_from_disk`` and ``GET /get_model_info`` (its ``weight_version``).
 
 LoRA adapters, as vLLM (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``) and SGLang load them at run time:
 vLLM shape ``POST /v1/load_lora_adapter`` ``{lora_name, lora_path, load_inplace}`` (200 with a
@@ -848,6 +848,15 @@ async def _weight_info(request: web.Request) -> web.Response:
     return _json_response({"weight_version": request.app[_CONFIG]["weight_version"] or "default"})
 
 
+async def _get_model_info(request: web.Request) -> web.Response:
+    """SGLang's `GET /get_model_info` -> `{model_path, tokenizer_path, is_generation, preferred_sampling_params,
+    weight_version}` ("default" until a reload names one)."""
+    model = "scripted"  # the name it answers under
+    return _json_response({"model_path": model, "tokenizer_path": model, "is_generation": True,
+                           "preferred_sampling_params": None,
+                           "weight_version": request.app[_CONFIG]["weight_version"] or "default"})
+
+
 async def _read(request: web.Request) -> tuple[Any, web.Response | None]:
     """The JSON body (logged for tests), or an error response."""
     try:
@@ -1116,6 +1125,7 @@ def build_app(
         app.router.add_post("/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/unload_lora_adapter", _unload_lora_adapter)
         app.router.add_post("/update_weights_from_disk", _update_weights_from_disk)
+        app.router.add_get("/get_model_info", _get_model_info)
     else:
         app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
         app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
