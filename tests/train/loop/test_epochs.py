@@ -188,9 +188,17 @@ def test_a_resumed_run_may_change_how_it_retries_and_guards_not_what_it_trains(t
     data["stack"].update(max_attempts=5, timeout_s=30.0)
     data["guard"] = {"max_drop": 0.5, "accept": {"mean_reward": 0.1}}
     plan.write_text(yaml.safe_dump(data))
+    # How a step is computed, not what it computes: a run killed for memory resumes with smaller micro-batches.
+    data["stages"][0]["optimize"]["args"] = {"micro_batch_tokens": 512, "threads": 1}
+    plan.write_text(yaml.safe_dump(data))
     loop = TrainLoop(load_plan(plan), progress=False)
     loop.run()  # taken: nothing left to do, nothing redone
     assert [line["epoch"] for line in loop.history()] == [0, 1, 2] and len(calls(tmp_path)) == 2
+    data["stages"][0]["optimize"]["args"]["learning_rate"] = 0.5
+    plan.write_text(yaml.safe_dump(data))
+    with pytest.raises(TrainError, match=r"keys differ: stages\)"):
+        TrainLoop(load_plan(plan), progress=False).run()
+    del data["stages"][0]["optimize"]["args"]["learning_rate"]
     data["stages"][0]["curate"]["min_reward"] = 0.5
     plan.write_text(yaml.safe_dump(data))
     with pytest.raises(TrainError, match=r"keys differ: stages\).*may change only stack\.concurrency"):

@@ -25,6 +25,7 @@ N (it compares with later epochs only).
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -48,7 +49,10 @@ PLAN_FILE = "plan.json"
 RESUMABLE_CHANGES = ("stack.concurrency", "stack.timeout_s", "stack.max_attempts", "stack.budget_s",
                      "orchestrator.difficulty", "orchestrator.max_drops_per_step", "orchestrator.concurrency",
                      "orchestrator.timeout_s", "orchestrator.max_attempts", "orchestrator.budget_s",
-                     "guard", "tracking", "checkpoints")
+                     "guard", "tracking", "checkpoints",
+                     # How a step is computed, not what it computes: a run killed for memory resumes with less.
+                     *(f"{where}optimize.args.{key}" for where in ("", "stages[].")
+                       for key in ("micro_batch_tokens", "gradient_checkpointing", "threads")))
 
 
 class RunFolderError(TrainError):
@@ -65,14 +69,24 @@ def read_json(path: Path, default: Any) -> Any:
 
 def _what_is_trained(plan: dict[str, Any]) -> dict[str, Any]:
     """A plan's dump without the keys a resumed run may change."""
-    kept = {key: dict(value) if isinstance(value, dict) else value for key, value in plan.items()}
+    kept = copy.deepcopy(plan)
     for dotted in RESUMABLE_CHANGES:
-        section, _, key = dotted.partition(".")
-        if not key:
-            kept.pop(section, None)
-        elif isinstance(kept.get(section), dict):
-            kept[section].pop(key, None)
+        _drop(kept, dotted.split("."))
     return kept
+
+
+def _drop(section: Any, path: list[str]) -> None:
+    """Remove the key at `path` from a plan's dump in place; `name[]` is every item of the list `name`."""
+    if not isinstance(section, dict):
+        return
+    name, rest = path[0], path[1:]
+    if not rest:
+        section.pop(name, None)
+    elif name.endswith("[]"):
+        for item in section.get(name[:-2]) or []:
+            _drop(item, rest)
+    else:
+        _drop(section.get(name), rest)
 
 
 def _as_current(saved: dict[str, Any]) -> dict[str, Any]:
