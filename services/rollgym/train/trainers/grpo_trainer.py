@@ -31,6 +31,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from rollgym.matmul_precision import fp32_matmuls, trainer_fp32_matmuls
+
 from .base import TrainingFailed
 from .distributed import DistInfo
 from .grpo_batch import (
@@ -71,9 +73,8 @@ class PolicyTrainer:
             torch.set_num_threads(args.threads)
         self.device = self.dist.device
         self.precision = args.precision_on(self.device.type)
-        if self.device.type == "cuda" and args.precision is None:
-            torch.backends.cuda.matmul.allow_tf32 = True  # what stays fp32 under autocast runs on TF32 tensor cores
-            torch.backends.cudnn.allow_tf32 = True
+        # Set around each step, not for the process: a co-located fp32 server shares it (matmul_precision).
+        self.fp32_matmuls = trainer_fp32_matmuls(self.device.type, args.precision)
         self.step = 0
         self.checkpoint: str | None = None  # the state this trainer holds, as a checkpoint folder or adapter
         self.model: Any = None
@@ -203,6 +204,10 @@ class PolicyTrainer:
         """Train on curated groups: `epochs` passes, `groups_per_step` groups per batch, one optimizer
         step per batch (or `mini_batches`); returns the steps' metrics, averaged. `progress` (a
         progress.ProgressWriter) hears of each optimizer step: its number of all, loss, tokens so far."""
+        with fp32_matmuls(self.fp32_matmuls):
+            return self._train_records(groups, progress)
+
+    def _train_records(self, groups: list[dict[str, Any]], progress: Any) -> dict[str, float]:
         args = self.args
         by_group = sequences_of(groups, args.temperature)
         if not by_group:
@@ -245,6 +250,11 @@ class PolicyTrainer:
         logprobs (by `id` of each sequence: computed once when the data is used more than once), else the
         policy at the start of the batch: taken from the same forward pass when there is one step (the
         ratio is then 1, with the gradient of log π), computed without gradient when there are more."""
+        with fp32_matmuls(self.fp32_matmuls):
+            return self._train_batch(batch, old_logprobs, report)
+
+    def _train_batch(self, batch: list[TrainSequence], old_logprobs: dict[int, Any] | None,
+                     report: Any) -> dict[str, float]:
         if not any(seq.loss_tokens for seq in batch):
             raise TrainingFailed("a batch with no token the policy sampled (every token the environment's or forced)")
         if self.args.loss.teacher_tau > 0 and any(seq.teacher_logprobs is None for seq in batch):
@@ -395,7 +405,7 @@ class PolicyTrainer:
             filler = next(i for i, seq in enumerate(batch) if seq.loss_tokens)
             passes += [[filler]] * (int(self.dist.all_max([float(len(micro))])[0]) - len(micro))
         module = getattr(self.module, "module", self.module) if self.dist.distributed and not self.sharded else None
-        with torch.no_grad():
+        with torch.no_grad(), fp32_matmuls(self.fp32_matmuls):
             for number, indices_ in enumerate(passes):
                 logprobs = self._forward(self._tensors([batch[i] for i in indices_]), module).detach()
                 if number < len(micro):
