@@ -42,6 +42,7 @@ whole="$WHEELS/whole/$MODEL_WHEEL"
 # bench_generate.py's baseline engine comes from git, which a copy of the tree lacks: carried as a file.
 waves_ref=$(sed -n 's/^WAVES_REF = "\([0-9a-f]*\)".*/\1/p' scripts/bench_generate.py)
 git show "$waves_ref:models/transformers/engine.py" > "$WHEELS/core/waves_engine.py"
+git show "$waves_ref:models/transformers/chat_format.py" > "$WHEELS/core/waves_chat_format.py"
 
 bytes() { du -scb "$@" 2>/dev/null | tail -1 | cut -f1; }
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
