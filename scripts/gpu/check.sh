@@ -27,9 +27,10 @@
 #            call staged there), then run from DIR. A copy of the tree to the GPU machine lasts one call, while
 #            what is written under /tmp there stays for the next call of the same lease: wheels.sh prints the
 #            two calls, each with --stage /tmp/rollgym-gpu
-#   per-part time limits (seconds): CHECK_PYTEST_S (90) CHECK_BENCH_S (110) CHECK_GENERATE_S (140)
-#   CHECK_TRAIN_S (90) CHECK_COLOCATE_S (80) CHECK_TRL_S (60): 570 s of parts, about 60 s of set-up (wheels,
-#   the GGUF's conversion), and two machine starts of 1-2 min each fit the 15 minutes of GPU time a session has.
+#   per-part time limits (seconds): CHECK_PYTEST_S (60) CHECK_BENCH_S (100) CHECK_GENERATE_S (130)
+#   CHECK_TRAIN_S (85) CHECK_COLOCATE_S (75) CHECK_TRL_S (55). wheels.sh's two calls run pytest in each (without
+#   and with the bundled weights): 565 s of parts, about 90 s of set-up (wheels, the GGUF's conversion), and two
+#   machine starts of 1-2 min each fit the 15 minutes of GPU time a session has.
 #   More options for a part's script: CHECK_BENCH_ARGS, CHECK_GENERATE_ARGS
 #
 # What the GPU image lacks travels as wheels. It has torch, transformers 5.17, peft, accelerate, pandas, pyarrow,
@@ -232,7 +233,7 @@ if ! wanted pytest; then
 elif ! "$PY" -c "import pytest" > /dev/null 2>&1; then
     ROW[pytest]="skipped: pytest is missing"
 else
-    limit=${CHECK_PYTEST_S:-90}
+    limit=${CHECK_PYTEST_S:-60}
     timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
         tests/train models/transformers > "$LOGS/pytest.log" 2>&1
     code=$?
@@ -244,6 +245,7 @@ else
     else
         ROW[pytest]="no summary, exit $code (see logs/pytest.log)"
     fi
+    [ -z "$bundled" ] && ROW[pytest]="${ROW[pytest]}; without the bundled weights"
     [ "$MODE" != "cuda" ] && ROW[pytest]="${ROW[pytest]}; without CUDA the gpu tests skip"
 fi
 record_phase "pytest -m gpu" "$(elapsed "$started")"
@@ -257,7 +259,7 @@ elif [ ! -f scripts/bench_train.py ]; then
 elif ! runnable; then
     ROW[bench]="skipped: no CUDA device"
 else
-    limit=${CHECK_BENCH_S:-110}
+    limit=${CHECK_BENCH_S:-100}
     if [ "$MODE" = "cuda" ]; then
         # shellcheck disable=SC2206  # extra options, split on spaces
         bench_args=(--device cuda ${CHECK_BENCH_ARGS:-})
@@ -291,7 +293,7 @@ elif [ -z "$bundled" ]; then
 elif ! runnable; then
     ROW[generate]="skipped: no CUDA device"
 else
-    limit=${CHECK_GENERATE_S:-140}
+    limit=${CHECK_GENERATE_S:-130}
     [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_GENERATE_S:-300}
     # The baseline engine (today's waves) comes from git; a copy of the tree without it has wheels.sh's file.
     waves=()
@@ -395,7 +397,7 @@ elif [ "$server_ready" = 0 ]; then
 elif ! runnable; then
     ROW[train]="skipped: no CUDA device"
 else
-    train_epoch train scripts/gpu/weather-grpo.yaml "${CHECK_TRAIN_S:-90}" "${SMOKE[@]}" \
+    train_epoch train scripts/gpu/weather-grpo.yaml "${CHECK_TRAIN_S:-85}" "${SMOKE[@]}" \
         "stages[0].optimize.args.lora.layers=top:4"
 fi
 record_phase "rollgym train" "$(elapsed "$started")"
@@ -409,7 +411,7 @@ elif [ "$server_ready" = 0 ]; then
 elif ! runnable; then
     ROW[colocate]="skipped: no CUDA device"
 else
-    train_epoch colocate scripts/gpu/weather-colocate.yaml "${CHECK_COLOCATE_S:-80}" "${SMOKE[@]}"
+    train_epoch colocate scripts/gpu/weather-colocate.yaml "${CHECK_COLOCATE_S:-75}" "${SMOKE[@]}"
 fi
 record_phase "colocate" "$(elapsed "$started")"
 
@@ -424,7 +426,7 @@ elif [ "$server_ready" = 0 ]; then
 elif ! runnable; then
     ROW[trl]="skipped: no CUDA device"
 else
-    limit=${CHECK_TRL_S:-60}
+    limit=${CHECK_TRL_S:-55}
     trl_args=(--output-dir "$WORK/trl")
     if [ "$MODE" = "cpu-smoke" ]; then
         trl_args+=(--limit 1 --num-generations 2 --max-steps 1 --max-completion-length 32)
