@@ -234,6 +234,7 @@ elif ! "$PY" -c "import pytest" > /dev/null 2>&1; then
     ROW[pytest]="skipped: pytest is missing"
 else
     limit=${CHECK_PYTEST_S:-60}
+    [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_PYTEST_S:-300}  # a shared 2-core box collects slowly
     timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
         tests/train models/transformers > "$LOGS/pytest.log" 2>&1
     code=$?
@@ -260,6 +261,7 @@ elif ! runnable; then
     ROW[bench]="skipped: no CUDA device"
 else
     limit=${CHECK_BENCH_S:-100}
+    [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_BENCH_S:-300}
     if [ "$MODE" = "cuda" ]; then
         # shellcheck disable=SC2206  # extra options, split on spaces
         bench_args=(--device cuda ${CHECK_BENCH_ARGS:-})

@@ -44,7 +44,16 @@ from .grpo_loss import policy_loss, sequence_scales
 from .lr_schedule import lr_schedule
 from .packed_attention import segment_boundaries, use_varlen
 from .sharding import full_model, receive_weights, shard, whole_weights
+from .step_settings import ModelShape, StepSettings, device_memory, step_settings
 from .token_logprobs import decoder_layers, token_logprobs_module
+
+
+def model_shape(model: Any) -> ModelShape:
+    """Parameters (a PEFT model's base and adapter), hidden size and layers of a causal LM."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal.config.get_text_config() if hasattr(causal.config, "get_text_config") else causal.config
+    return ModelShape(sum(p.numel() for p in model.parameters()), int(config.hidden_size),
+                      int(config.num_hidden_layers))
 
 
 def combined(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -75,6 +84,8 @@ class PolicyTrainer:
         self.precision = args.precision_on(self.device.type)
         # Set around each step, not for the process: a co-located fp32 server shares it (matmul_precision).
         self.fp32_matmuls = trainer_fp32_matmuls(self.device.type, args.precision)
+        # compile and the micro-batch's tokens: the plan's, else the device's defaults (set in use_model).
+        self.settings = StepSettings(bool(args.compile), args.micro_batch_tokens or 4096, "before use_model")
         self.step = 0
         self.checkpoint: str | None = None  # the state this trainer holds, as a checkpoint folder or adapter
         self.model: Any = None
@@ -138,7 +149,9 @@ class PolicyTrainer:
         self.varlen = (self.args.seq_len is not None and self.device.type == "cuda" and self.precision == "bf16"
                        and use_varlen(model))
         module = token_logprobs_module()(model, self.precision)
-        if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
+        self.settings = step_settings(self.device.type, device_memory(self.device), model_shape(model),
+                                      self.args.finetune, self.args.compile, self.args.micro_batch_tokens)
+        if self.settings.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
             for layer in decoder_layers(module.causal()):
                 layer.compile(dynamic=True)
         if self.sharded:  # each decoder layer, then the rest; over several nodes HSDP (DistInfo.mesh)
@@ -283,7 +296,7 @@ class PolicyTrainer:
         current: list[int] = []
         tokens = 0
         for i in indices:
-            if current and tokens + batch[i].length > self.args.micro_batch_tokens:
+            if current and tokens + batch[i].length > self.settings.micro_batch_tokens:
                 out.append(current)
                 current, tokens = [], 0
             current.append(i)
