@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/bench_generate.py [--models tiny,smollm2] [--concurrency 1,16,64]
         [--engines continuous,waves,generate] [--device cpu] [--requests-per-client 2] [--waves-ref REV] [--distinct]
+        [--deadline S]
 
 Three engines get the same requests (chat prompts of mixed lengths, mixed output budgets, temperature 1):
 - continuous: models/transformers/batching.py, the server's engine (a request joins the running batch);
@@ -35,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+STARTED = time.perf_counter()  # --deadline counts from here, the imports below included
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "services"), str(REPO)]
 
@@ -100,19 +102,28 @@ def workload(engine: Engine, count: int, seed: int, distinct: bool = False) -> l
 
 def waves_module(ref: str) -> Any:
     """The previous engine module (BatchQueue, Engine), read from git at `ref` (or from the file `ref`, for a
-    copy of the tree without git: scripts/gpu/wheels.sh writes one), as models.transformers.waves_engine."""
+    copy of the tree without git: scripts/gpu/wheels.sh writes one, and `waves_chat_format.py` beside it), with
+    the chat_format module of its day (today's no longer has the names it imports), as a package of its own."""
     if Path(ref).is_file():
-        source = Path(ref).read_text()
+        engine = Path(ref).read_text()
+        beside = Path(ref).with_name("waves_chat_format.py")
+        chat_format = beside.read_text() if beside.is_file() else None
     else:
-        source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:models/transformers/engine.py"],
-                                check=True, capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="waves-")) / "waves_engine.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("models.transformers.waves_engine", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules[spec.name] = module  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+        def show(path: str) -> str:
+            return subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:{path}"], check=True, capture_output=True,
+                                  text=True).stdout
+
+        engine, chat_format = show("models/transformers/engine.py"), show("models/transformers/chat_format.py")
+    package = Path(tempfile.mkdtemp(prefix="waves-")) / "waves_baseline"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "engine.py").write_text(engine)
+    if chat_format is not None:
+        (package / "chat_format.py").write_text(chat_format)
+    else:  # an older copy made by wheels.sh: today's module, which may lack what the baseline imports
+        (package / "chat_format.py").write_text("from models.transformers.chat_format import *  # noqa: F403\n")
+    sys.path.insert(0, str(package.parent))
+    return importlib.import_module("waves_baseline.engine")
 
 
 def timed_waves_engine(module: Any, model: Any, tokenizer: Any, n_ctx: int) -> Any:
@@ -251,6 +262,9 @@ def main() -> None:
                         "machine 1 spares every operation a wait for the other threads")
     parser.add_argument("--distinct", action="store_true", help="no two prompts equal (by default the 6 questions "
                         "repeat, and the continuous engine computes a prompt already in its batch once)")
+    parser.add_argument("--deadline", type=float, default=0, help="seconds for the whole run (0: none): a cell "
+                        "still running when they are spent is stopped, and the cells after it are not started; "
+                        "each is listed with why")
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
@@ -266,11 +280,22 @@ def main() -> None:
         print("CELL " + json.dumps(run_cell(name, kind, int(concurrency), args)), flush=True)
         return
     rows = []
+    ends = STARTED + args.deadline if args.deadline > 0 else None
     for name in args.models.split(",") + args.hf:
         for concurrency in levels:
             for kind in engines:
+                left = None if ends is None else ends - time.perf_counter()
+                if left is not None and left < 1:
+                    print(f"{name} {kind} C={concurrency} not run: the --deadline's {args.deadline:.0f} s were "
+                          "spent", flush=True)
+                    continue
                 command = [sys.executable, __file__, "--cell", f"{name}:{kind}:{concurrency}", *sys.argv[1:]]
-                done = subprocess.run(command, capture_output=True, text=True)
+                try:
+                    done = subprocess.run(command, capture_output=True, text=True, timeout=left)
+                except subprocess.TimeoutExpired:
+                    print(f"{name} {kind} C={concurrency} stopped: still running when the --deadline's "
+                          f"{args.deadline:.0f} s were spent", flush=True)
+                    continue
                 line = next((l for l in done.stdout.splitlines() if l.startswith("CELL ")), None)
                 if line is None:
                     print(f"{name} {kind} C={concurrency} failed:\n{done.stderr[-2000:]}", flush=True)

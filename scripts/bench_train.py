@@ -174,7 +174,7 @@ def state_estimate(model: Any) -> float:
     return 4.0 * sum(p.numel() for p in params) + 12.0 * trainable
 
 
-def activation_estimate(model: Any, options: argparse.Namespace, loss_fraction: float) -> float:
+def activation_estimate(model: Any, tokens: int, loss_fraction: float) -> float:
     """Bytes of what one micro-batch keeps for its backward pass, for a Llama/Qwen-shaped decoder under bf16
     autocast over fp32 weights (fp32 residual stream and norms, bf16 matrix products, flash attention:
     no length² term), full weights and no gradient checkpointing: per layer and token about 34·d bytes
@@ -182,7 +182,6 @@ def activation_estimate(model: Any, options: argparse.Namespace, loss_fraction: 
     tokens' logits (2·V bytes each in bf16, plus one fp32 chunk of the softmax at a time)."""
     causal = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = causal.config
-    tokens = options.micro_batch_tokens
     per_layer = tokens * (34 * config.hidden_size + 8 * config.intermediate_size)
     logits = tokens * loss_fraction * config.vocab_size * 2 + 2048 * config.vocab_size * 4 * 2
     return config.num_hidden_layers * per_layer + logits
@@ -235,7 +234,9 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
     model = make(device)
     if finetune == "lora":
         model = with_lora(model)
-    args = GRPOConfig(finetune=finetune, learning_rate=1e-6, precision="bf16" if device == "cuda" else "fp32",
+    # On CUDA the trainer's defaults (bf16 autocast with TF32, compile and micro-batches picked from memory)
+    # unless --compile / --no-compile / --micro-batch-tokens say otherwise.
+    args = GRPOConfig(finetune=finetune, learning_rate=1e-6, precision=None if device == "cuda" else "fp32",
                       micro_batch_tokens=options.micro_batch_tokens, seq_len=options.seq_len,
                       gradient_checkpointing=options.gradient_checkpointing, compile=options.compile,
                       loss=LossConfig(mask_low=None, mask_high=None))
@@ -280,9 +281,10 @@ def bench_step(name: str, make: Callable[[str], Any], finetune: str, options: ar
            "mfu": flops / seconds / peak if peak else None, "peak_gib": peak_memory(device),
            "mfu_no_attention": matmul_flops / seconds / peak if peak else None,
            "mfu_torchtitan": tt_flops / seconds / peak if peak else None,
-           "state_gib": state_estimate(trainer.model) / 2**30, "bf16_gap": gap,
+           "settings": trainer.settings.why, "state_gib": state_estimate(trainer.model) / 2**30, "bf16_gap": gap,
            "estimate_gib": (state_estimate(trainer.model)
-                            + activation_estimate(trainer.model, options, options.completion / (options.prompt
+                            + activation_estimate(trainer.model, trainer.settings.micro_batch_tokens,
+                                                  options.completion / (options.prompt
                                                                                                  + options.completion)))
            / 2**30}
     del trainer, model
@@ -306,7 +308,8 @@ def step_benchmark(options: argparse.Namespace) -> None:
     if options.seq_len and options.device == "cuda":
         rows += ", masked SDPA attention" if options.masked_attention else ", varlen flash attention"
     print(f"# grpo trainer step on {card}: {options.rollouts} rollouts of {options.prompt}+{options.completion} "
-          f"tokens, {rows}, micro-batches of {options.micro_batch_tokens} tokens, {options.steps} timed steps "
+          f"tokens, {rows}, micro-batches of {options.micro_batch_tokens or 'the trainer-picked'} tokens, "
+          f"{options.steps} timed steps "
           f"after {options.warmup} "
           f"({'bf16 autocast' if options.device == 'cuda' else 'fp32'}, fp32 master weights)")
     print("MFU: 6·N + 6·L·d·T per rollout of T tokens + 6·V·d per loss token (LoRA: 4·N, 4·V·d); -attn: without "
@@ -325,6 +328,7 @@ def step_benchmark(options: argparse.Namespace) -> None:
                   f"{row['tokens_s']:>10.0f} {mfu:>6} {no_attention:>6} {titan:>6} {row['peak_gib']:>9.2f} {row['state_gib']:>9.2f} "
                   f"{row['estimate_gib']:>9.2f} {gap:>9}",
                   flush=True)
+            print(f"  {name} {finetune}: {row['settings']}", flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -337,13 +341,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--completion", type=int, help="completion tokens per rollout (default: 1792 cuda, 48 cpu)")
     parser.add_argument("--seq-len", type=int, help="packed rows of this many tokens (default: 4096 cuda, 128 cpu; "
                         "0: one rollout per row)")
-    parser.add_argument("--micro-batch-tokens", type=int, help="default: --seq-len, or 4096")
+    parser.add_argument("--micro-batch-tokens", type=int, help="default: the trainer's pick on cuda "
+                        "(step_settings); --seq-len, or 4096 on cpu")
     parser.add_argument("--steps", type=int, help="timed steps after the warm-up, their median reported "
                         "(default: 3 cuda, 5 cpu)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--gradient-checkpointing", action="store_true")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (the trainer's "
-                        "compile: true); the warm-up steps compile")
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="torch.compile each "
+                        "decoder layer (the trainer's compile; default: its default, on cuda yes); the warm-up "
+                        "steps compile")
     parser.add_argument("--profile", action="store_true", help="print each configuration's top operators")
     parser.add_argument("--masked-attention", action="store_true",
                         help="packed rows through SDPA with a block-diagonal mask instead of the varlen kernel")
@@ -360,7 +366,7 @@ def main(argv: list[str]) -> int:
     options.prompt = options.prompt or (256 if cuda else 16)
     options.completion = options.completion or (1792 if cuda else 48)
     options.seq_len = (4096 if cuda else 128) if options.seq_len is None else (options.seq_len or None)
-    options.micro_batch_tokens = options.micro_batch_tokens or options.seq_len or 4096
+    options.micro_batch_tokens = options.micro_batch_tokens or (None if cuda else options.seq_len or 4096)
     options.steps = options.steps or (3 if cuda else 5)
     step_benchmark(options)
     return 0

@@ -15,6 +15,8 @@ admits requests in arrival order while they have its weights, and the next weigh
 drains. Calls (adapter
 loads, scoring, a weight reload) wait for the running batch to drain and run alone, in FIFO order
 with the requests. At most `max_queue` requests wait; past that `submit` raises `QueueFull`.
+Every step and call runs with fp32 matmuls in full fp32 (not TF32), whatever a trainer sharing the
+process set for its own steps (rollgym.matmul_precision).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 from rollgym.errors import ContextLengthError
 from rollgym.local_model import deliver
+from rollgym.matmul_precision import FULL, fp32_matmuls
 
 from .chat_format import call_closed
 from .engine import Engine, Generation, GenerationRequest
@@ -223,9 +226,11 @@ class Scheduler:
                     self._jobs.popleft()
                 joining = [] if call is not None else self._admit()
             if call is not None:
-                _settle(call, _attempt(call.call))  # type: ignore[arg-type]
+                with fp32_matmuls(FULL):  # a co-located trainer's step sets its own inside
+                    _settle(call, _attempt(call.call))  # type: ignore[arg-type]
                 continue
-            outcome = _attempt(lambda: self._step(joining))
+            with fp32_matmuls(FULL):  # fp32 weights serve in fp32, whatever a trainer in this process set
+                outcome = _attempt(lambda: self._step(joining))
             if isinstance(outcome, BaseException):  # the model failed: every running request gets the error
                 for row in self.rows:
                     _settle(row.job, outcome)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check: rollgym's trainer and the transformers model server on one H100/H200, in about 5 minutes.
+# The GPU check: rollgym's trainer and the transformers model server on one H100/H200, in about 10 minutes.
 #
 # Runs, each part on its own (a part that cannot run prints why, and the others go on):
 #   pytest    pytest -m gpu tests/train models/transformers
@@ -20,11 +20,18 @@
 # packages go to .gpu-site/ and the runs' folders (checkpoints) to runs/gpu-check-work/, both git-ignored.
 #
 #   bash scripts/gpu/check.sh                 # on the GPU machine
-#   bash scripts/gpu/check.sh --cpu-smoke     # here: the same plumbing on the CPU with tiny settings
+#   bash scripts/gpu/check.sh --cpu-smoke     # here: the staging and every part on the CPU with tiny settings
 #   options: --out DIR (default runs/gpu-check)  --wheels DIR (default .whl)  --python PY
 #            --only PARTS (a comma list of the parts above; default: all)
-#   per-part time limits (seconds): CHECK_PYTEST_S CHECK_BENCH_S CHECK_GENERATE_S CHECK_TRAIN_S CHECK_COLOCATE_S
-#   CHECK_TRL_S; more options for a part's script: CHECK_BENCH_ARGS, CHECK_GENERATE_ARGS
+#            --stage DIR: first copy this tree and what the call carried into DIR (adding to what an earlier
+#            call staged there), then run from DIR. A copy of the tree to the GPU machine lasts one call, while
+#            what is written under /tmp there stays for the next call of the same lease: wheels.sh prints the
+#            two calls, each with --stage /tmp/rollgym-gpu
+#   per-part time limits (seconds): CHECK_PYTEST_S (60) CHECK_BENCH_S (130: the trainer's defaults compile in
+#   the warm-up) CHECK_GENERATE_S (130) CHECK_TRAIN_S (85) CHECK_COLOCATE_S (60) CHECK_TRL_S (40). wheels.sh's two calls run pytest in each (without
+#   and with the bundled weights): 565 s of parts, about 90 s of set-up (wheels, the GGUF's conversion), and two
+#   machine starts of 1-2 min each fit the 15 minutes of GPU time a session has.
+#   More options for a part's script: CHECK_BENCH_ARGS, CHECK_GENERATE_ARGS
 #
 # What the GPU image lacks travels as wheels. It has torch, transformers 5.17, peft, accelerate, pandas, pyarrow,
 # pytest, httpx, anyio, click, rich, pyyaml, aiohttp, uvloop, tqdm, numpy; rollgym needs 29 wheels more (FastAPI,
@@ -48,6 +55,8 @@ WHEELS=".whl"
 PY=""
 PARTS="pytest,bench,generate,train,colocate,trl"
 ONLY="$PARTS"
+STAGE=""
+ARGS=("$@")
 while [ $# -gt 0 ]; do
     case "$1" in
         --cpu-smoke) CPU_SMOKE=1 ;;
@@ -55,6 +64,7 @@ while [ $# -gt 0 ]; do
         --wheels) WHEELS="$2"; shift ;;
         --python) PY="$2"; shift ;;
         --only) ONLY="$2"; shift ;;
+        --stage) STAGE="$2"; shift ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "check.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -68,6 +78,49 @@ if [ -z "$PY" ]; then
 fi
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"
+
+# ------------------------------------------------------------------ staging
+# stage_tree SRC DEST: SRC's files (the tree and the wheels' folders a call carried) added to DEST, where an
+# earlier call's copy, its installed packages (.gpu-site), joined wheels (.gpu-wheels) and runs stay. What
+# this script makes in SRC is not copied over them.
+stage_tree() {
+    mkdir -p "$2" || return 1
+    tar -C "$1" --exclude=./.git --exclude=./.gpu-site --exclude=./.gpu-wheels --exclude=./runs -cf - . \
+        | tar -C "$2" -xf -
+}
+# join_parts WHEELS DEST: each wheel that travelled in parts (NAME.whl.part-00, -01, ... in any folder under
+# WHEELS) joined into DEST/NAME.whl once every part is there; a missing part is named, and nothing is joined.
+join_parts() {
+    local wheels="$1" dest="$2" part name parts found
+    while IFS= read -r -d '' part; do
+        name=$(basename "${part%.part-*}")
+        [ -f "$dest/$name" ] && continue
+        parts=$(find "$wheels" -name "$name.part-*" -printf '%f\t%p\n' | sort | cut -f2)
+        found=$(echo "$parts" | wc -l)
+        if [ "$found" -lt 2 ]; then
+            note "only part $(basename "$part" | sed 's/.*\.part-//') of $name is here: the other travels with the" \
+                 "other call (wheels.sh), and an earlier call's copy is not staged here"
+            continue
+        fi
+        mkdir -p "$dest"
+        # shellcheck disable=SC2086  # the parts' paths hold no spaces (wheel names)
+        cat $parts > "$dest/$name.joining" && mv "$dest/$name.joining" "$dest/$name"
+    done < <(find "$wheels" -name '*.whl.part-*' -print0 2>/dev/null)
+}
+note() { echo "check: $*"; }
+
+if [ -n "$STAGE" ]; then
+    mkdir -p "$STAGE" && STAGE="$(cd "$STAGE" && pwd)"
+    if [ "$STAGE" != "$REPO" ]; then
+        earlier=$([ -d "$STAGE/.gpu-site" ] && echo yes || echo no)
+        stage_tree "$REPO" "$STAGE" || { note "--stage: cannot copy the tree into $STAGE"; exit 1; }
+        note "staged this copy into $STAGE (an earlier call's staging there: $earlier)"
+        [ "$earlier" = no ] && [ ! -d "$REPO/$WHEELS/core" ] && note "--stage: nothing was staged in $STAGE" \
+            "before and this call carried no $WHEELS/core: the machine was given back since the first call" \
+            "(it goes back 30 s after a call), so run both calls again, the second at once after the first"
+        exec bash "$STAGE/scripts/gpu/check.sh" "${ARGS[@]}" --out "$OUT"  # the same --out, resolved here
+    fi
+fi
 LOGS="$OUT/logs"
 mkdir -p "$LOGS"
 # Only the table and the logs go under $OUT (it may be copied back from the GPU machine): the installed
@@ -80,41 +133,58 @@ export PYTHONUNBUFFERED=1
 # Results, filled part by part; the table at the end prints them.
 declare -A ROW
 PHASES=()
-note() { echo "check: $*"; }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 record_phase() { PHASES+=("$1=$2"); }
 
 # ------------------------------------------------------------------ 0. packages and device
 started=$(now)
+# --cpu-smoke: the two calls' staging, with stage_tree and join_parts as a GPU run uses them: a wheel split
+# across the two copies is joined only once the second is staged, byte for byte, and the first copy's files
+# are still there.
+if [ "$CPU_SMOKE" = 1 ]; then
+    scratch=$(mktemp -d)
+    mkdir -p "$scratch/one/.whl/core" "$scratch/one/.whl/model" "$scratch/two/.whl/model2" "$scratch/one/scripts"
+    head -c 300000 /dev/urandom > "$scratch/whole.whl"
+    head -c 100000 "$scratch/whole.whl" > "$scratch/one/.whl/model/w.whl.part-00"
+    tail -c +100001 "$scratch/whole.whl" > "$scratch/two/.whl/model2/w.whl.part-01"
+    echo core > "$scratch/one/.whl/core/c.whl"
+    echo first > "$scratch/one/scripts/a.txt"
+    stage_tree "$scratch/one" "$scratch/stage" && join_parts "$scratch/stage/.whl" "$scratch/stage/.gpu-wheels" \
+        > "$scratch/first.log"
+    stage_tree "$scratch/two" "$scratch/stage" && join_parts "$scratch/stage/.whl" "$scratch/stage/.gpu-wheels" \
+        > "$scratch/second.log"
+    if grep -q "only part 00 of w.whl" "$scratch/first.log" && cmp -s "$scratch/whole.whl" "$scratch/stage/.gpu-wheels/w.whl" \
+            && [ -f "$scratch/stage/.whl/core/c.whl" ] && [ -f "$scratch/stage/scripts/a.txt" ]; then
+        ROW[staging]="ok: a wheel split across two staged copies joined byte for byte after the second; the first copy's files stayed"
+    else
+        ROW[staging]="FAILED: first call: $(cat "$scratch/first.log"); second: $(cat "$scratch/second.log"); stage: $(find "$scratch/stage" -type f | sed "s|$scratch/||" | tr '\n' ' ')"
+    fi
+    rm -rf "$scratch"
+fi
 wheel_files=()
 if [ -d "$WHEELS" ]; then
-    while IFS= read -r -d '' part; do
-        whole="$REPO/.gpu-wheels/$(basename "${part%.part-*}")"
-        if [ ! -f "$whole" ]; then
-            mkdir -p "$REPO/.gpu-wheels"
-            parts=$(find "$WHEELS" -name "$(basename "${part%.part-*}").part-*" -printf '%f\t%p\n' | sort | cut -f2)
-            # shellcheck disable=SC2086  # the parts' paths hold no spaces (wheel names)
-            cat $parts > "$whole"
-            if [ "$(echo "$parts" | wc -l)" -lt 2 ]; then
-                note "only one part of $(basename "$whole") was carried: the other did not reach this machine"
-                rm -f "$whole"
-            fi
-        fi
-    done < <(find "$WHEELS" -name '*.whl.part-*' -print0)
+    join_parts "$WHEELS" "$REPO/.gpu-wheels"
     # Only these folders: .whl/ may hold other wheels (a CPU torch would shadow the image's CUDA one).
     while IFS= read -r -d '' wheel; do wheel_files+=("$wheel"); done < <(find "$WHEELS/core" "$REPO/.gpu-wheels" \
         -maxdepth 1 -name '*.whl' -print0 2>/dev/null)
 fi
-if [ ${#wheel_files[@]} -gt 0 ]; then
+# A staged second call finds the first one's packages installed: only wheels not yet in .gpu-site/.installed go in.
+mkdir -p "$SITE"
+touch "$SITE/.installed"
+fresh=()
+for wheel in "${wheel_files[@]}"; do
+    grep -qxF "$(basename "$wheel")" "$SITE/.installed" || fresh+=("$wheel")
+done
+if [ ${#fresh[@]} -gt 0 ]; then
     if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
-            "${wheel_files[@]}" > "$LOGS/pip.log" 2>&1; then
-        note "installed ${#wheel_files[@]} carried wheels into $SITE"
+            "${fresh[@]}" > "$LOGS/pip.log" 2>&1; then
+        note "installed ${#fresh[@]} carried wheels into $SITE ($((${#wheel_files[@]} - ${#fresh[@]})) there already)"
+        for wheel in "${fresh[@]}"; do basename "$wheel"; done >> "$SITE/.installed"
     else
         note "installing the carried wheels failed (see $LOGS/pip.log); going on with what is there"
     fi
 fi
-mkdir -p "$SITE"
 export PYTHONPATH="$SITE:$REPO${PYTHONPATH:+:$PYTHONPATH}"
 if ! "$PY" -c "import rollgym" > /dev/null 2>&1; then
     ln -sfn "$REPO/services/rollgym" "$SITE/rollgym"  # the package folder, named as it is imported
@@ -163,7 +233,8 @@ if ! wanted pytest; then
 elif ! "$PY" -c "import pytest" > /dev/null 2>&1; then
     ROW[pytest]="skipped: pytest is missing"
 else
-    limit=${CHECK_PYTEST_S:-50}
+    limit=${CHECK_PYTEST_S:-60}
+    [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_PYTEST_S:-300}  # a shared 2-core box collects slowly
     timeout "$limit" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
         tests/train models/transformers > "$LOGS/pytest.log" 2>&1
     code=$?
@@ -175,6 +246,7 @@ else
     else
         ROW[pytest]="no summary, exit $code (see logs/pytest.log)"
     fi
+    [ -z "$bundled" ] && ROW[pytest]="${ROW[pytest]}; without the bundled weights"
     [ "$MODE" != "cuda" ] && ROW[pytest]="${ROW[pytest]}; without CUDA the gpu tests skip"
 fi
 record_phase "pytest -m gpu" "$(elapsed "$started")"
@@ -188,7 +260,8 @@ elif [ ! -f scripts/bench_train.py ]; then
 elif ! runnable; then
     ROW[bench]="skipped: no CUDA device"
 else
-    limit=${CHECK_BENCH_S:-75}
+    limit=${CHECK_BENCH_S:-130}
+    [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_BENCH_S:-300}
     if [ "$MODE" = "cuda" ]; then
         # shellcheck disable=SC2206  # extra options, split on spaces
         bench_args=(--device cuda ${CHECK_BENCH_ARGS:-})
@@ -222,22 +295,32 @@ elif [ -z "$bundled" ]; then
 elif ! runnable; then
     ROW[generate]="skipped: no CUDA device"
 else
-    limit=${CHECK_GENERATE_S:-150}
+    limit=${CHECK_GENERATE_S:-130}
     [ "$MODE" = "cpu-smoke" ] && limit=${CHECK_GENERATE_S:-300}
     # The baseline engine (today's waves) comes from git; a copy of the tree without it has wheels.sh's file.
     waves=()
-    [ -f "$WHEELS/core/waves_engine.py" ] && ! git rev-parse --git-dir > /dev/null 2>&1 \
-        && waves=(--waves-ref "$WHEELS/core/waves_engine.py")
+    engines=continuous,waves,generate
+    if ! git -C "$REPO" rev-parse --git-dir > /dev/null 2>&1; then
+        if [ -f "$WHEELS/core/waves_engine.py" ]; then
+            waves=(--waves-ref "$WHEELS/core/waves_engine.py")
+        else
+            engines=continuous,generate
+            note "generate: no git here and no $WHEELS/core/waves_engine.py (wheels.sh writes it): no waves baseline"
+        fi
+    fi
+    # One request per client; the run stops starting cells 10 s before the part's limit, and each cell it
+    # could not finish is listed with why. The cells run in order of concurrency, so C=64's baselines go last.
+    generate_args=(--requests-per-client 1 --engines "$engines" --deadline "$((limit - 10))")
     if [ "$MODE" = "cpu-smoke" ]; then
-        generate_args=(--device cpu --models tiny --concurrency 1,4 --requests-per-client 1)
+        generate_args+=(--device cpu --models tiny --concurrency 1,4 --threads 1)
     else
-        generate_args=(--device cuda --models qwen-1.5b --requests-per-client 1)
+        generate_args+=(--device cuda --models qwen-1.5b --concurrency 1,16,64)
     fi
     # shellcheck disable=SC2206  # extra options, split on spaces; later ones win
     generate_args+=("${waves[@]}" ${CHECK_GENERATE_ARGS:-})
     timeout "$limit" "$PY" scripts/bench_generate.py "${generate_args[@]}" > "$LOGS/generate.log" 2>&1
     code=$?
-    rows=$(grep -E " tok/s +TTFT " "$LOGS/generate.log" | sed -E 's/ +\([0-9]+ requests.*$//')
+    rows=$(grep -E " tok/s +TTFT | (not run|stopped): " "$LOGS/generate.log" | sed -E 's/ +\([0-9]+ requests.*$//')
     if [ -n "$rows" ]; then
         ROW[generate]="$rows"
         [ "$code" != 0 ] && ROW[generate]="${ROW[generate]}"$'\n'"(exit $code: see logs/generate.log)"
@@ -316,7 +399,7 @@ elif [ "$server_ready" = 0 ]; then
 elif ! runnable; then
     ROW[train]="skipped: no CUDA device"
 else
-    train_epoch train scripts/gpu/weather-grpo.yaml "${CHECK_TRAIN_S:-90}" "${SMOKE[@]}" \
+    train_epoch train scripts/gpu/weather-grpo.yaml "${CHECK_TRAIN_S:-85}" "${SMOKE[@]}" \
         "stages[0].optimize.args.lora.layers=top:4"
 fi
 record_phase "rollgym train" "$(elapsed "$started")"
@@ -330,7 +413,7 @@ elif [ "$server_ready" = 0 ]; then
 elif ! runnable; then
     ROW[colocate]="skipped: no CUDA device"
 else
-    train_epoch colocate scripts/gpu/weather-colocate.yaml "${CHECK_COLOCATE_S:-90}" "${SMOKE[@]}"
+    train_epoch colocate scripts/gpu/weather-colocate.yaml "${CHECK_COLOCATE_S:-60}" "${SMOKE[@]}"
 fi
 record_phase "colocate" "$(elapsed "$started")"
 
@@ -345,7 +428,7 @@ elif [ "$server_ready" = 0 ]; then
 elif ! runnable; then
     ROW[trl]="skipped: no CUDA device"
 else
-    limit=${CHECK_TRL_S:-60}
+    limit=${CHECK_TRL_S:-40}
     trl_args=(--output-dir "$WORK/trl")
     if [ "$MODE" = "cpu-smoke" ]; then
         trl_args+=(--limit 1 --num-generations 2 --max-steps 1 --max-completion-length 32)
@@ -368,6 +451,7 @@ record_phase "trl" "$(elapsed "$started")"
 {
     echo "== rollgym GPU check ($MODE) $(date -u +%Y-%m-%dT%H:%M:%SZ) =="
     printf '%-16s %s\n' "device" "${ROW[device]}"
+    [ -n "${ROW[staging]:-}" ] && printf '%-16s %s\n' "staging" "${ROW[staging]}"
     printf '%-16s %s\n' "tests (-m gpu)" "${ROW[pytest]:-not run}"
     echo "bench_train      (tokens/s, MFU, peak memory; bf16 |Δ|: mean |bf16 - fp32| trainer logprobs, same tokens)"
     printf '%s\n' "${ROW[bench]:-not run}" | sed 's/^/    /'

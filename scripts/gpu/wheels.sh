@@ -42,6 +42,7 @@ whole="$WHEELS/whole/$MODEL_WHEEL"
 # bench_generate.py's baseline engine comes from git, which a copy of the tree lacks: carried as a file.
 waves_ref=$(sed -n 's/^WAVES_REF = "\([0-9a-f]*\)".*/\1/p' scripts/bench_generate.py)
 git show "$waves_ref:models/transformers/engine.py" > "$WHEELS/core/waves_engine.py"
+git show "$waves_ref:models/transformers/chat_format.py" > "$WHEELS/core/waves_chat_format.py"
 
 bytes() { du -scb "$@" 2>/dev/null | tail -1 | cut -f1; }
 tree=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
@@ -73,10 +74,15 @@ if [ "$first" -gt "$LIMIT" ] || [ "$((tree + part2))" -gt "$LIMIT" ]; then
     exit 1
 fi
 echo
-echo "On the GPU machine, two runs one after the other (the second while the machine is still warm, so what the"
-echo "first copy left there, $WHEELS/core, $WHEELS/model and the packages installed into .gpu-site/, is still there)."
-echo "Each writes only its table and logs under --out, so \$OUT brings back no installed package:"
-echo "  1. carry [\"$WHEELS/core\", \"$WHEELS/model\"], command:"
-echo "     bash scripts/gpu/check.sh --only pytest,bench --out \$OUT"
-echo "  2. carry [\"$WHEELS/model2\"], command:"
-echo "     bash scripts/gpu/check.sh --only generate,train,colocate,trl --out \$OUT"
+STAGE=/tmp/rollgym-gpu
+echo "On the GPU machine, two calls, the second at once after the first: a carried path lasts one call, while what"
+echo "a command writes under /tmp stays while the machine is held (it goes back 30 s after a call), so each call"
+echo "stages its copy into $STAGE (--stage) and runs from there; the second finds the first's $WHEELS/core, the"
+echo "weights' first part and the packages installed into .gpu-site/. If the machine went back in between, the"
+echo "second call says so: run both again. Each writes only its table and logs under --out; the gpu tests run in"
+echo "both, without and with the bundled weights. Time: the parts' limits sum to 565 s, set-up about 90 s, and two"
+echo "machine starts fit the 15 minutes of GPU time."
+echo "  1. carry [\"$WHEELS/core\", \"$WHEELS/model\"], timeout_s 270, command:"
+echo "     bash scripts/gpu/check.sh --stage $STAGE --only pytest,bench --out \$OUT"
+echo "  2. carry [\"$WHEELS/model2\"], timeout_s 480, command:"
+echo "     bash scripts/gpu/check.sh --stage $STAGE --only pytest,generate,train,colocate,trl --out \$OUT"

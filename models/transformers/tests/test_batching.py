@@ -220,3 +220,27 @@ def test_a_request_that_waits_through_a_reload_reports_the_new_weights(served: A
     assert waited.json()["model_version"] == record(waited.json())["model_version"] == "w1"
     with httpx.Client(base_url=url, timeout=120) as http:  # the first weights back, for whatever runs next
         assert http.post("/update_weights_from_disk", json={"model_path": str(checkpoints[0])}).status_code == 200
+
+
+def test_steps_and_calls_run_fp32_matmuls_in_fp32_whatever_the_process_set(served: Any) -> None:
+    """A trainer in the same process (co-locate mode) may have set TF32 for its steps: the server's forward
+    passes and its calls still run at full fp32 ('highest'), and the process's setting is back after each."""
+    model, url = served
+    seen: list[str] = []
+    hook = model.engine.model.register_forward_pre_hook(lambda *_: seen.append(torch.get_float32_matmul_precision()))
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        reply = asyncio.run(post_all(url, [{"input": "Say hi.", "temperature": 0, "max_output_tokens": 3}]))[0]
+        assert reply.status_code == 200, reply.text
+        in_call = asyncio.run(_on_worker(model, torch.get_float32_matmul_precision))
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+        hook.remove()
+    assert len(seen) >= 3 and set(seen) == {"highest"}  # the prefill and each decode step
+    assert in_call == "highest"
+
+
+async def _on_worker(model: Any, call: Any) -> Any:
+    return await model.queue.run(call)

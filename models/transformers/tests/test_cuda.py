@@ -1,5 +1,7 @@
 """The transformers model server on a CUDA device (skipped without one): batched generations whose logprobs
-match one plain forward pass over their tokens, in fp32 and in bf16 (the default on cuda), and an adapter."""
+match one plain forward pass over their tokens, in fp32 and in bf16 (the default on cuda), and an adapter.
+The process is set to TF32 meanwhile, as a trainer sharing it sets it for its steps: a fp32 server still
+serves in fp32 (the reference pass is run in full fp32)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ try:
 except FileNotFoundError as exc:
     pytest.skip(str(exc), allow_module_level=True)
 
+from rollgym.matmul_precision import FULL, TF32, fp32_matmuls  # noqa: E402
 from rollgym.testing import serve_in_thread  # noqa: E402
 
 from models.transformers.app import TransformersConfig, TransformersModel  # noqa: E402
@@ -46,12 +49,14 @@ def generate_together(url: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize(("dtype", "tolerance"), [("fp32", 2e-3), ("bf16", 0.15)])
 def test_batched_logprobs_on_cuda_match_a_forward_pass(dtype: str, tolerance: float, tmp_path: Path) -> None:
     model = TransformersModel(TransformersConfig(n_ctx=1024, dtype=dtype), name="policy_model")
-    with serve_in_thread(model, timeout_s=300) as url:
+    with fp32_matmuls(TF32), serve_in_thread(model, timeout_s=300) as url:
         assert model.engine.device.type == "cuda"
         for body, response in zip(BODIES, generate_together(url)):
             item = record(response)
-            processed, raw = teacher_forced(model.engine.model, item["prompt_token_ids"], item["generation_token_ids"],
-                                            temperature=body["temperature"] or 1.0, top_p=body.get("top_p", 1.0))
+            with fp32_matmuls(FULL):
+                processed, raw = teacher_forced(model.engine.model, item["prompt_token_ids"],
+                                                item["generation_token_ids"], temperature=body["temperature"] or 1.0,
+                                                top_p=body.get("top_p", 1.0))
             expected = raw if body["temperature"] == 0 else processed
             gaps = [abs(a - b) for a, b in zip(item["generation_log_probs"], expected)]
             # bf16: the batched, cached decode and the one-pass forward round differently; on average they agree.

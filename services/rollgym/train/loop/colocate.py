@@ -41,7 +41,9 @@ def colocate_overrides(plan: Any) -> list[str]:
     args = optimize.grpo if optimize is not None else None
     overrides = [f"{POLICY}.model_path={plan.base_model}"]
     if args is not None:
-        overrides += [f"{POLICY}.finetune={args.finetune}", f"{POLICY}.train_tokens={args.micro_batch_tokens}"]
+        overrides.append(f"{POLICY}.finetune={args.finetune}")
+        if args.micro_batch_tokens is not None:  # unset: the server's estimate takes 4096, the trainer picks within
+            overrides.append(f"{POLICY}.train_tokens={args.micro_batch_tokens}")  # what the KV cache left free
     return overrides
 
 

@@ -27,7 +27,9 @@ class GRPOConfig(BaseModel):
     total_steps: int | None = Field(default=None, ge=1, description="the schedule's length; the loop fills it in")
     groups_per_step: int | None = Field(default=None, ge=1, description="groups per optimizer step (None: all)")
     mini_batches: int = Field(default=1, ge=1, description="optimizer steps per batch (PPO-style; the clip acts)")
-    micro_batch_tokens: int = Field(default=4096, ge=1, description="token budget of one forward/backward pass")
+    micro_batch_tokens: int | None = Field(default=None, ge=1, description="token budget of one forward/backward "
+                                           "pass (None: 4096 on a CPU; on CUDA the largest of 16k, 8k, 4k whose "
+                                           "estimated peak fits the free memory less a margin: step_settings)")
     seq_len: int | None = Field(default=None, ge=1, description="pack rollouts into rows of this many tokens "
                                 "(attention does not cross them; None: one rollout per row, padded)")
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -39,8 +41,9 @@ class GRPOConfig(BaseModel):
         default=None, description="bf16: autocast, logprobs stay fp32; fp32: plain fp32; unset: bf16 with TF32 "
                                   "matmuls on CUDA, fp32 on a CPU")
     gradient_checkpointing: bool = False
-    compile: bool = Field(default=False, description="torch.compile each decoder layer (its norms, SwiGLU and rotary "
-                          "embeddings fused); the first steps of each shape compile")
+    compile: bool | None = Field(default=None, description="torch.compile each decoder layer (its norms, SwiGLU and "
+                                 "rotary embeddings fused); the first steps of each shape compile (None: on CUDA, "
+                                 "not on a CPU)")
     threads: int | None = Field(default=None, ge=1)
     processes: int = Field(default=1, ge=1, description="data-parallel processes per node (torchrun's "
                            "--nproc-per-node)")

@@ -31,6 +31,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from rollgym.matmul_precision import fp32_matmuls, trainer_fp32_matmuls
+
 from .base import TrainingFailed
 from .distributed import DistInfo
 from .grpo_batch import (
@@ -42,7 +44,16 @@ from .grpo_loss import policy_loss, sequence_scales
 from .lr_schedule import lr_schedule
 from .packed_attention import segment_boundaries, use_varlen
 from .sharding import full_model, receive_weights, shard, whole_weights
+from .step_settings import ModelShape, StepSettings, device_memory, step_settings
 from .token_logprobs import decoder_layers, token_logprobs_module
+
+
+def model_shape(model: Any) -> ModelShape:
+    """Parameters (a PEFT model's base and adapter), hidden size and layers of a causal LM."""
+    causal = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = causal.config.get_text_config() if hasattr(causal.config, "get_text_config") else causal.config
+    return ModelShape(sum(p.numel() for p in model.parameters()), int(config.hidden_size),
+                      int(config.num_hidden_layers))
 
 
 def combined(steps: list[dict[str, float]]) -> dict[str, float]:
@@ -71,9 +82,10 @@ class PolicyTrainer:
             torch.set_num_threads(args.threads)
         self.device = self.dist.device
         self.precision = args.precision_on(self.device.type)
-        if self.device.type == "cuda" and args.precision is None:
-            torch.backends.cuda.matmul.allow_tf32 = True  # what stays fp32 under autocast runs on TF32 tensor cores
-            torch.backends.cudnn.allow_tf32 = True
+        # Set around each step, not for the process: a co-located fp32 server shares it (matmul_precision).
+        self.fp32_matmuls = trainer_fp32_matmuls(self.device.type, args.precision)
+        # compile and the micro-batch's tokens: the plan's, else the device's defaults (set in use_model).
+        self.settings = StepSettings(bool(args.compile), args.micro_batch_tokens or 4096, "before use_model")
         self.step = 0
         self.checkpoint: str | None = None  # the state this trainer holds, as a checkpoint folder or adapter
         self.model: Any = None
@@ -137,7 +149,9 @@ class PolicyTrainer:
         self.varlen = (self.args.seq_len is not None and self.device.type == "cuda" and self.precision == "bf16"
                        and use_varlen(model))
         module = token_logprobs_module()(model, self.precision)
-        if self.args.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
+        self.settings = step_settings(self.device.type, device_memory(self.device), model_shape(model),
+                                      self.args.finetune, self.args.compile, self.args.micro_batch_tokens)
+        if self.settings.compile:  # layer by layer, before sharding, as torchtitan does: one graph reused N times
             for layer in decoder_layers(module.causal()):
                 layer.compile(dynamic=True)
         if self.sharded:  # each decoder layer, then the rest; over several nodes HSDP (DistInfo.mesh)
@@ -203,6 +217,10 @@ class PolicyTrainer:
         """Train on curated groups: `epochs` passes, `groups_per_step` groups per batch, one optimizer
         step per batch (or `mini_batches`); returns the steps' metrics, averaged. `progress` (a
         progress.ProgressWriter) hears of each optimizer step: its number of all, loss, tokens so far."""
+        with fp32_matmuls(self.fp32_matmuls):
+            return self._train_records(groups, progress)
+
+    def _train_records(self, groups: list[dict[str, Any]], progress: Any) -> dict[str, float]:
         args = self.args
         by_group = sequences_of(groups, args.temperature)
         if not by_group:
@@ -245,6 +263,11 @@ class PolicyTrainer:
         logprobs (by `id` of each sequence: computed once when the data is used more than once), else the
         policy at the start of the batch: taken from the same forward pass when there is one step (the
         ratio is then 1, with the gradient of log π), computed without gradient when there are more."""
+        with fp32_matmuls(self.fp32_matmuls):
+            return self._train_batch(batch, old_logprobs, report)
+
+    def _train_batch(self, batch: list[TrainSequence], old_logprobs: dict[int, Any] | None,
+                     report: Any) -> dict[str, float]:
         if not any(seq.loss_tokens for seq in batch):
             raise TrainingFailed("a batch with no token the policy sampled (every token the environment's or forced)")
         if self.args.loss.teacher_tau > 0 and any(seq.teacher_logprobs is None for seq in batch):
@@ -273,7 +296,7 @@ class PolicyTrainer:
         current: list[int] = []
         tokens = 0
         for i in indices:
-            if current and tokens + batch[i].length > self.args.micro_batch_tokens:
+            if current and tokens + batch[i].length > self.settings.micro_batch_tokens:
                 out.append(current)
                 current, tokens = [], 0
             current.append(i)
@@ -395,7 +418,7 @@ class PolicyTrainer:
             filler = next(i for i, seq in enumerate(batch) if seq.loss_tokens)
             passes += [[filler]] * (int(self.dist.all_max([float(len(micro))])[0]) - len(micro))
         module = getattr(self.module, "module", self.module) if self.dist.distributed and not self.sharded else None
-        with torch.no_grad():
+        with torch.no_grad(), fp32_matmuls(self.fp32_matmuls):
             for number, indices_ in enumerate(passes):
                 logprobs = self._forward(self._tensors([batch[i] for i in indices_]), module).detach()
                 if number < len(micro):
