@@ -5,6 +5,7 @@ The tasksets are real verifiers objects, in `examples/verifiers_env/`."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -15,7 +16,9 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-pytest.importorskip("verifiers.v1", reason="verifiers environments need verifiers 0.4 (the 'envs' extra)")
+# Found at collection, imported only where these tests run (verifiers_imported): the import takes seconds.
+if importlib.util.find_spec("verifiers") is None or importlib.util.find_spec("verifiers.v1") is None:
+    pytest.skip("verifiers environments need verifiers 0.4 (the 'envs' extra)", allow_module_level=True)
 
 from agents.proxy_agent.app import ProxyAgent, ProxyAgentConfig  # noqa: E402
 from agents.proxy_agent.verifiers_export import export_rows  # noqa: E402
@@ -25,6 +28,12 @@ from rollgym.testing import scripted_backend, serve_in_thread  # noqa: E402
 
 ENVS = str(Path(__file__).parents[1] / "examples" / "verifiers_env")
 LOCAL = {"runtime": {"type": "subprocess"}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def verifiers_imported() -> None:
+    """verifiers.v1 imported before the first episode, whose time is bounded, starts."""
+    import verifiers.v1  # noqa: F401
 
 
 def decode(ids: list[int]) -> str:
