@@ -1,6 +1,7 @@
 """The relay program, as a multi-agent framework would write it: two agents, each asking for its own model
 by name (`caller`, `answerer`), run unchanged through proxy_agent (the `callable` runner). The caller's
-conversation and the answerer's are separate: the answerer sees only the lookup's result."""
+conversation and the answerer's are separate: the answerer is handed only the lookup's result, and must say
+it exactly."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import httpx
 from openai import AsyncOpenAI
 
 CALLER = "You read a request and reply with the name of the city it is about. Reply with the city name only."
-ANSWERER = "You relay a code. Reply with the code exactly as given, and nothing else."
 
 
 def request_text(task: dict[str, Any]) -> str:
@@ -33,7 +33,5 @@ async def run(task: dict[str, Any], endpoint: Any) -> str:
                                          "Content-Type": "application/json"})
         result = reply.text
         answered = await client.chat.completions.create(
-            model="answerer", messages=[{"role": "system", "content": ANSWERER},
-                                        {"role": "user", "content": f"The lookup service answered: {result}. "
-                                                                    "What is the code?"}], **sampling)
+            model="answerer", messages=[{"role": "user", "content": f"Say {result}."}], **sampling)
         return answered.choices[0].message.content or ""
