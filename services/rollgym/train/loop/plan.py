@@ -49,7 +49,7 @@ from .curation import CurateConfig, SegmentMode, unverified_problem
 from .dynamic_sampling import difficulty_problem
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .teacher import TeacherConfig, teacher_file_problems, teacher_plan_problems
-from .policies import Credit, PolicyConfig, call_problems, policies_problems
+from .policies import Credit, PolicyConfig, asked_models, call_problems, plan_policy_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
 from .weights import WeightsConfig, full_weight_problems, reload_problems
@@ -263,12 +263,9 @@ class Plan(StrictModel):
                                    "engines (apply: weights, and mode: async with finetune: full)")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
                                       description="where history's numbers also go: tensorboard (default), wandb, none")
-    policies: list[PolicyConfig] = Field(default_factory=list, description="several policies trained at once, "
-                                         "each an adapter on the one base, each claiming its calls by model name "
-                                         "or role label (docs/train-policies.md); none: one policy, every call's")
-    credit: Credit = Field(default="per_role", description="with policies: per_role (each policy trains on its "
-                           "own reward, /verify's rewards[ROLE], else the episode's) or team (MAGRPO: every policy "
-                           "on the episode's reward)")
+    policies: list[PolicyConfig] = Field(default_factory=list, description="several policies, adapters on one base, "
+                                         "each claiming calls (docs/train-policies.md); none: one, every call's")
+    credit: Credit = Field(default="per_role", description="with policies: per_role (rewards[ROLE]) or team")
     colocate: bool = Field(default=False, description="the policy model server (transformers) and the grpo trainer "
                            "in one process on one device, sharing the weights; each step is published in memory "
                            "(apply: memory, the default then). docs/train-loop.md")
@@ -309,22 +306,7 @@ class Plan(StrictModel):
             problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
         problems += colocate_problems(self)
-        problems += policies_problems(self.policies, self.mode, {stage.apply for stage in self.stages}, self.colocate)
-        if self.policies and self.guard is not None:
-            problems.append("guard: a run with several policies validates each on its own metric (history's "
-                            "validation.policies); a guard over them is not written yet: leave guard out")
-        for i, policy in enumerate(self.policies):
-            for j, stage in enumerate(self.stages):
-                if policy.args:
-                    try:
-                        OptimizeConfig.model_validate({**stage.optimize.model_dump(exclude={"args"}),
-                                                       "args": {**stage.optimize.args, **policy.args}})
-                    except ValidationError as exc:
-                        problems += [f"policies[{i}].{line} (over stages[{j}].optimize)" for error in exc.errors()
-                                     for line in error["msg"].removeprefix("Value error, ").splitlines()]
-        if self.policies and self.stack.registry_file:
-            problems.append("policies: the loop tells the model server which policy claims which calls when it starts "
-                            "the stack; use stack.configs (or give your server the same policies)")
+        problems += plan_policy_problems(self, OptimizeConfig)
         if self.orchestrator is not None and self.orchestrator.inflight_updates:
             if self.colocate:
                 problems.append("orchestrator.inflight_updates: the co-located server publishes each step between "
@@ -505,6 +487,7 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
             loaded = load_stack(stack.configs, stack.resolved_overrides(plan.seed))
             servers = list(loaded.servers)
             problems += reload_problems(plan, loaded.servers.get("policy_model"))
+            problems += call_problems(plan.policies, asked_models(plan, loaded)) if isinstance(plan, Plan) else []
     except (ValueError, ConfigError) as exc:
         problems.append(("stack.registry_file" if stack.registry_file else "stack", str(exc)))
     else:
@@ -516,36 +499,7 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
             environments = []
         problems += [("validation.suite", f"environment {env.name!r}: the stack has no agent {env.agent!r}")
                      for env in environments if env.agent not in servers]
-        if isinstance(plan, Plan) and plan.policies and not stack.registry_file:
-            problems += call_problems(plan.policies, asked_models(plan, loaded))
     return problems
-
-
-def asked_models(plan: Plan, stack: Any) -> dict[str, str]:
-    """The model names the plan's calls ask for, each with where it is set: the collecting agent's `models`
-    (proxy_agent: the names its program's agents use) and the `model` of the task files' first rows."""
-    import orjson
-
-    asked: dict[str, str] = {}
-    agents = [spec for spec in stack.servers.values() if spec.role == "agents"
-              and (plan.stack.agent is None or spec.name == plan.stack.agent)]
-    for spec in agents:
-        for name in spec.options.get("models") or []:
-            asked.setdefault(str(name), f"agent {spec.name!r} (models)")
-    files = [(f"stages[{i}].collect", file) for i, stage in enumerate(plan.stages) if stage.collect is not None
-             for file in stage.collect.files]
-    files += [("validation.input", plan.validation.input)] if plan.validation and plan.validation.input else []
-    for where, file in files:
-        try:
-            with open(file, "rb") as handle:
-                rows = [orjson.loads(line) for _, line in zip(range(20), handle) if line.strip()]
-        except (OSError, ValueError):
-            continue  # the file's own problem is reported under its key
-        for row in rows:
-            model = (row.get("responses_create_params") or {}).get("model") if isinstance(row, dict) else None
-            if isinstance(model, str):
-                asked.setdefault(model, f"{where} ({file}: responses_create_params.model)")
-    return asked
 
 
 def accept_problems(plan: Plan, environments: list[Any]) -> list[str]:

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Literal, Mapping
 
-from pydantic import Field
+import orjson
+from pydantic import Field, ValidationError
 
 from ...config import StrictModel
 from ...policies import PolicyRoute, check_routes
@@ -68,6 +69,55 @@ def policies_problems(policies: list[PolicyConfig], mode: str, apply_modes: set[
     return problems
 
 
+def plan_policy_problems(plan: Any, optimize_config: Any) -> list[str]:
+    """A plan's problems with its policies (Plan's check across sections), one a line; `optimize_config` is the
+    plan's OptimizeConfig, which each policy's args over each stage's are validated as."""
+    if not plan.policies:
+        return []
+    problems = policies_problems(plan.policies, plan.mode, {stage.apply for stage in plan.stages}, plan.colocate)
+    if plan.guard is not None:
+        problems.append("guard: a run with several policies validates each on its own metric (history's "
+                        "validation.policies); a guard over them is not written yet: leave guard out")
+    for i, policy in enumerate(plan.policies):
+        for j, stage in enumerate(plan.stages):
+            if policy.args:
+                try:
+                    optimize_config.model_validate({**stage.optimize.model_dump(exclude={"args"}),
+                                                    "args": {**stage.optimize.args, **policy.args}})
+                except ValidationError as exc:
+                    problems += [f"policies[{i}].{line} (over stages[{j}].optimize)" for error in exc.errors()
+                                 for line in error["msg"].removeprefix("Value error, ").splitlines()]
+    if plan.stack.registry_file:
+        problems.append("policies: the loop tells the model server which policy claims which calls when it starts "
+                        "the stack; use stack.configs (or give your server the same policies)")
+    return problems
+
+
+def asked_models(plan: Any, stack: Any) -> dict[str, str]:
+    """The model names the plan's calls ask for, each with where it is set: the collecting agent's `models`
+    (proxy_agent: the names its program's agents use) and the `model` of the task files' first rows."""
+    asked: dict[str, str] = {}
+    agents = [spec for spec in stack.servers.values() if spec.role == "agents"
+              and (plan.stack.agent is None or spec.name == plan.stack.agent)]
+    for spec in agents:
+        for name in spec.options.get("models") or []:
+            asked.setdefault(str(name), f"agent {spec.name!r} (models)")
+    files = [(f"stages[{i}].collect", file) for i, stage in enumerate(plan.stages) if stage.collect is not None
+             for file in stage.collect.files]
+    files += [("validation.input", plan.validation.input)] if plan.validation and plan.validation.input else []
+    for where, file in files:
+        try:
+            with open(file, "rb") as handle:
+                rows = [orjson.loads(line) for _, line in zip(range(20), handle) if line.strip()]
+        except (OSError, ValueError):
+            continue  # the file's own problem is reported under its key
+        for row in rows:
+            model = (row.get("responses_create_params") or {}).get("model") if isinstance(row, dict) else None
+            if isinstance(model, str):
+                asked.setdefault(model, f"{where} ({file}: responses_create_params.model)")
+    return asked
+
+
 def server_overrides(policies: list[PolicyConfig], server: str) -> list[str]:
     """The stack overrides that make the model server `server` serve every policy by name (rollgym.policies)."""
     out = []
@@ -82,7 +132,7 @@ def call_problems(policies: list[PolicyConfig], asked: Mapping[str, str]) -> lis
     """(key, problem) for each model name a call asks for that no policy claims, and each policy nothing calls.
     `asked`: model name -> where it comes from (an agent's `models`, a task file's responses_create_params)."""
     if not policies or not asked:
-        return []
+        return []  # one policy; or a program whose names the stack does not say
     default = next((p.name for p in policies if p.default), None)
     problems = []
     if default is None:
@@ -190,5 +240,5 @@ def _generated(item: Mapping[str, Any]) -> bool:
         "model_version" in item or "generation_token_ids" in item or "policy" in item)
 
 
-__all__ = ["Credit", "PolicyConfig", "call_problems", "off_policy", "policies_problems", "policy_reward", "policy_rollouts",
+__all__ = ["Credit", "PolicyConfig", "asked_models", "call_problems", "off_policy", "plan_policy_problems", "policies_problems", "policy_reward", "policy_rollouts",
            "policy_summary", "policy_view", "server_overrides"]

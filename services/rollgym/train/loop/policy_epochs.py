@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
@@ -30,9 +30,6 @@ from .plan import OptimizeConfig, StageConfig
 from .policies import PolicyConfig, policy_rollouts, policy_summary
 from .run_folder import read_json
 
-if TYPE_CHECKING:
-    from .epochs import TrainLoop
-
 # Curation drops that mean "nothing to learn" for a policy this epoch (its groups all alike), not an error.
 NO_SIGNAL = frozenset({"below_min_reward", "zero_reward_spread", "low_reward_spread", "unpaired", "not_top_k",
                        "curriculum", "duplicate_prompt", "tool_error", "repetition", "gibberish", "not_this_policy"})
@@ -46,16 +43,16 @@ def policy_optimize(stage: StageConfig, policy: PolicyConfig) -> OptimizeConfig:
                                           "args": {**stage.optimize.args, **policy.args}})
 
 
-def policy_state(loop: "TrainLoop", name: str) -> dict[str, Any]:
+def policy_state(loop: Any, name: str) -> dict[str, Any]:
     return loop.state.setdefault("policies", {}).setdefault(name, {})
 
 
-def policy_artefact(loop: "TrainLoop", name: str, key: str) -> Artefact | None:
+def policy_artefact(loop: Any, name: str, key: str) -> Artefact | None:
     data = loop.state.get("policies", {}).get(name, {}).get(key)
     return Artefact.model_validate(data) if data else None
 
 
-def serve_applied(loop: "TrainLoop") -> None:
+def serve_applied(loop: Any) -> None:
     """A resumed run serves every policy's last applied adapter again before anything is generated."""
     for policy in loop.plan.policies:
         applied = policy_artefact(loop, policy.name, "applied")
@@ -64,7 +61,7 @@ def serve_applied(loop: "TrainLoop") -> None:
             loop.serving.apply_policy(policy.name, applied)
 
 
-def run_epoch(loop: "TrainLoop", epoch: int, stage: StageConfig) -> None:
+def run_epoch(loop: Any, epoch: int, stage: StageConfig) -> None:
     """Collect once, then curate, optimise and apply each policy; validate; the epoch's history line."""
     folder = loop.folder.unit_dir(epoch)
     folder.mkdir(parents=True, exist_ok=True)
@@ -110,7 +107,7 @@ def run_epoch(loop: "TrainLoop", epoch: int, stage: StageConfig) -> None:
     loop._finish(line)
 
 
-def _policy_step(loop: "TrainLoop", epoch: int, stage: StageConfig, policy: PolicyConfig, folder: Path,
+def _policy_step(loop: Any, epoch: int, stage: StageConfig, policy: PolicyConfig, folder: Path,
                  rollouts: list[dict[str, Any]], phases: dict[str, Any], finish: Any) -> dict[str, Any]:
     """Curate, optimise and apply one policy; its part of the epoch's history line."""
     name = policy.name
@@ -170,7 +167,7 @@ def _policy_step(loop: "TrainLoop", epoch: int, stage: StageConfig, policy: Poli
     return line
 
 
-def _optimize(loop: "TrainLoop", epoch: int, stage: StageConfig, policy: PolicyConfig, place: Path) -> Artefact:
+def _optimize(loop: Any, epoch: int, stage: StageConfig, policy: PolicyConfig, place: Path) -> Artefact:
     """One step of the policy's own trainer, continued from its own applied adapter."""
     optimize = policy_optimize(stage, policy)
     previous = policy_artefact(loop, policy.name, "applied" if stage.apply != "none" else "last")
@@ -195,7 +192,7 @@ def _optimize(loop: "TrainLoop", epoch: int, stage: StageConfig, policy: PolicyC
     return artefact
 
 
-def _remember_best(loop: "TrainLoop", name: str, figures: dict[str, Any]) -> None:
+def _remember_best(loop: Any, name: str, figures: dict[str, Any]) -> None:
     """Each policy's best validation figure and the artefact that served it (its own metric)."""
     state = policy_state(loop, name)
     reward = figures.get("mean_reward")
@@ -204,7 +201,7 @@ def _remember_best(loop: "TrainLoop", name: str, figures: dict[str, Any]) -> Non
         state["best"] = state.get("applied")
 
 
-def zero_line(loop: "TrainLoop", summary: dict[str, Any]) -> dict[str, Any]:
+def zero_line(loop: Any, summary: dict[str, Any]) -> dict[str, Any]:
     """Epoch 0's per-policy part: each policy's validation of the base weights."""
     for name, figures in (summary.get("policies") or {}).items():
         _remember_best(loop, name, figures)
