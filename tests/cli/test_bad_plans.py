@@ -259,6 +259,10 @@ BAD_POLICY_PLANS: list[tuple[str, Callable[[dict, Path], None], list[str]]] = [
     ("policies served merged", lambda p, t: p["stages"][0].update(apply="merged"), ["stages apply: lora (or none)"]),
     ("policies in async mode", lambda p, t: p.update(mode="async"), ["several policies run in mode: epochs"]),
     ("an unknown credit", lambda p, t: p.update(credit="shared"), ["key 'credit'"]),
+    ("policies with a curriculum of levels", lambda p, t: p["stages"][0]["collect"].update(
+        levels=[p["stages"][0]["collect"].pop("input")]), ["stages[0].collect.levels: not with several policies"]),
+    ("policies with pruned checkpoints", lambda p, t: p.update(checkpoints={"keep_last": 1}),
+     ["checkpoints: a run with several policies keeps every step's weights"]),
 ]
 
 

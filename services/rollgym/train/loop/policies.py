@@ -87,6 +87,15 @@ def plan_policy_problems(plan: Any, optimize_config: Any) -> list[str]:
                 except ValidationError as exc:
                     problems += [f"policies[{i}].{line} (over stages[{j}].optimize)" for error in exc.errors()
                                  for line in error["msg"].removeprefix("Value error, ").splitlines()]
+    for i, stage in enumerate(plan.stages):  # what one collection feeds several policies' curation does not do yet
+        unsupported = [key for key, used in (
+            ("collect.levels", stage.collect is not None and bool(stage.collect.levels)),
+            ("collect.difficulty", stage.collect is not None and stage.collect.difficulty.enabled),
+            ("replay", bool(stage.replay)), ("teacher", stage.teacher is not None)) if used]
+        problems += [f"stages[{i}].{key}: not with several policies yet (docs/train-policies.md)" for key in unsupported]
+    if plan.checkpoints.keep_last is not None or plan.checkpoints.every is not None:
+        problems.append("checkpoints: a run with several policies keeps every step's weights (pruning them per "
+                        "policy is not written yet): leave checkpoints out")
     if plan.stack.registry_file:
         problems.append("policies: the loop tells the model server which policy claims which calls when it starts "
                         "the stack; use stack.configs (or give your server the same policies)")
