@@ -261,6 +261,8 @@ BAD_POLICY_PLANS: list[tuple[str, Callable[[dict, Path], None], list[str]]] = [
     ("an unknown credit", lambda p, t: p.update(credit="shared"), ["key 'credit'"]),
     ("policies with a curriculum of levels", lambda p, t: p["stages"][0]["collect"].update(
         levels=[p["stages"][0]["collect"].pop("input")]), ["stages[0].collect.levels: not with several policies"]),
+    ("policies on a model server that does not route them", lambda p, t: p["stack"]["configs"].append(
+        str(REPO_ROOT / "models/chat_completions/configs/chat_completions.yaml")), ["does not serve policies by name"]),
     ("policies with pruned checkpoints", lambda p, t: p.update(checkpoints={"keep_last": 1}),
      ["checkpoints: a run with several policies keeps every step's weights"]),
 ]

@@ -49,7 +49,7 @@ from .curation import CurateConfig, SegmentMode, unverified_problem
 from .dynamic_sampling import difficulty_problem
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .teacher import TeacherConfig, teacher_file_problems, teacher_plan_problems
-from .policies import Credit, PolicyConfig, asked_models, call_problems, plan_policy_problems
+from .policies import Credit, PolicyConfig, plan_policy_problems, stack_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
 from .weights import WeightsConfig, full_weight_problems, reload_problems
@@ -487,7 +487,7 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
             loaded = load_stack(stack.configs, stack.resolved_overrides(plan.seed))
             servers = list(loaded.servers)
             problems += reload_problems(plan, loaded.servers.get("policy_model"))
-            problems += call_problems(plan.policies, asked_models(plan, loaded)) if isinstance(plan, Plan) else []
+            problems += stack_problems(plan, loaded) if isinstance(plan, Plan) else []
     except (ValueError, ConfigError) as exc:
         problems.append(("stack.registry_file" if stack.registry_file else "stack", str(exc)))
     else:

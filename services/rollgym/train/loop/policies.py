@@ -102,6 +102,25 @@ def plan_policy_problems(plan: Any, optimize_config: Any) -> list[str]:
     return problems
 
 
+SERVES_POLICIES = ("llamacpp", "transformers")  # the model servers whose config takes `policies` (ModelServerConfig)
+
+
+def stack_problems(plan: Any, stack: Any) -> list[tuple[str, str]]:
+    """(key, problem) of the plan's policies against the stack it starts: its model server, the names called."""
+    if not plan.policies:
+        return []
+    return serving_problems(plan, stack) + call_problems(plan.policies, asked_models(plan, stack))
+
+
+def serving_problems(plan: Any, stack: Any) -> list[tuple[str, str]]:
+    """The stack's policy model must serve policies by name (the embedded or the transformers server today)."""
+    spec = stack.servers.get("policy_model")
+    if not plan.policies or spec is None or spec.folder in SERVES_POLICIES:
+        return []
+    return [("policies", f"the stack's policy_model is models/{spec.folder}, which does not serve policies by name "
+                         f"yet; use {' or '.join('models/' + name for name in SERVES_POLICIES)}")]
+
+
 def asked_models(plan: Any, stack: Any) -> dict[str, str]:
     """The model names the plan's calls ask for, each with where it is set: the collecting agent's `models`
     (proxy_agent: the names its program's agents use) and the `model` of the task files' first rows."""
@@ -249,5 +268,5 @@ def _generated(item: Mapping[str, Any]) -> bool:
         "model_version" in item or "generation_token_ids" in item or "policy" in item)
 
 
-__all__ = ["Credit", "PolicyConfig", "asked_models", "call_problems", "off_policy", "plan_policy_problems", "policies_problems", "policy_reward", "policy_rollouts",
+__all__ = ["Credit", "PolicyConfig", "asked_models", "call_problems", "off_policy", "plan_policy_problems", "serving_problems", "stack_problems", "policies_problems", "policy_reward", "policy_rollouts",
            "policy_summary", "policy_view", "server_overrides"]
