@@ -45,6 +45,9 @@ class ProxyAgentConfig(ServerConfig):
     timeout_s: float = Field(default=300.0, gt=0, description="the agent's whole run")
     max_model_calls: int | None = Field(default=64, ge=1, description="per rollout; later calls are refused")
     model: str | None = Field(default=None, description="the `model` sent to the model server; null: the agent's is dropped")
+    models: list[str] = Field(default_factory=list, description="the model names the program's agents ask for, each "
+                              "passed on as it is (with named policies, each a policy's: docs/train-policies.md); a "
+                              "call under another name is refused (404 naming it). Not with model")
     reward: Literal["verify", "agent"] = Field(
         default="verify", description="verify: /verify on the captured conversation; agent: the workflow's own score")
     public_url: str | None = Field(default=None, description="this server's URL as the agent reaches it; default: the URL /run was called on")
@@ -56,6 +59,8 @@ class ProxyAgentConfig(ServerConfig):
 
     @model_validator(mode="after")
     def _scored_somewhere(self) -> "ProxyAgentConfig":
+        if self.model is not None and self.models:
+            raise ValueError("model replaces every call's model name, models passes the agent's on: give one")
         if self.resources_server is None and self.reward == "verify":
             raise ValueError("reward: verify needs a resources_server; without one use reward: agent")
         if self.agent.kind == "verifiers" and self.reward != "agent":
@@ -120,7 +125,7 @@ class ProxyAgent(AgentServer):
         rollout = Rollout(id=secrets.token_urlsafe(12), key="rk-" + secrets.token_urlsafe(24))
         root = f"{(self.config.public_url or base_url).rstrip('/')}/rollouts/{rollout.id}"
         endpoint = Endpoint(base_url=f"{root}/v1", api_key=rollout.key, tools_url=f"{root}/tools",
-                            model=self.config.model or "policy", rollout_id=rollout.id,
+                            model=self.config.model or next(iter(self.config.models), "policy"), rollout_id=rollout.id,
                             mcp_url=f"{root}/mcp" if self.config.serve_mcp else None)
         outcome = Outcome()
         failure: AgentFailure | None = None
@@ -251,6 +256,11 @@ class ProxyAgent(AgentServer):
         params.pop("stream_options", None)
         if self.config.model is not None:
             params["model"] = self.config.model
+        elif self.config.models:  # the agent's own name picks its policy: it must be one the program declares
+            if params.get("model") not in self.config.models:
+                rollout.calls_started -= 1
+                raise BadRequest(f"no model {params.get('model')!r} here: this program's agents ask for "
+                                 f"{', '.join(self.config.models)}", field="model", status=404)
         else:
             params.pop("model", None)
         params["input"] = rollout.capture.restore_tokens(params["input"])
@@ -327,9 +337,9 @@ class ProxyAgent(AgentServer):
         @app.get("/rollouts/{rollout_id}/v1/models")
         async def models(rollout_id: str, request: Request) -> JSONBytesResponse:
             self._rollout(request, rollout_id)
-            name = self.config.model or "policy"
+            names = [self.config.model] if self.config.model else self.config.models or ["policy"]
             return JSONBytesResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                                  "owned_by": "rollgym"}]})
+                                                                  "owned_by": "rollgym"} for name in names]})
 
         if self.mcp_gateway is not None:
             app.router.routes.append(Route("/rollouts/{rollout_id}/mcp", self.mcp_gateway))

@@ -82,6 +82,9 @@ class Call:
         # looks at every earlier call on every call of the rollout).
         self.record_item, self.record = next(((item, record) for item in reversed(self.output)
                                               if (record := token_record(item)) is not None), (None, None))
+        # The named policy that answered (rollgym.policies), as the model server stamped it.
+        policy = self.record_item.get("policy") if self.record_item is not None else None
+        self.policy: str | None = policy if isinstance(policy, str) else None
 
     @property
     def conversation(self) -> list[Signature]:
@@ -148,14 +151,22 @@ class Capture:
             record = call.record
             if record is None:
                 continue
-            home = None
+            home = handed = None  # the chain it extends; one of another policy's that it extends
             for index, chain in enumerate(chains):
                 last = chain[-1].record
                 context = last.prompt + last.generation
-                if record.prompt[: len(context)] == context and (home is None or len(context) > home[1]):
-                    home = (index, len(context))
+                if record.prompt[: len(context)] == context:
+                    if chain[-1].policy != call.policy:  # each policy's calls are segments of their own
+                        handed = index
+                    elif home is None or len(context) > home[1]:
+                        home = (index, len(context))
             if home is not None:
                 chains[home[0]].append(call)
+                continue
+            if handed is not None:  # it carries the other policy's tokens on exactly: no drift
+                labels.append((labels[handed][0], "another_policy"))
+                chains.append([call])
+                drifted.append(False)
                 continue
             # A new chain: a branch, or drift if the agent carried on an earlier call's conversation.
             continues = any(call.input_signatures[: len(chain[-1].conversation)] == chain[-1].conversation
@@ -171,6 +182,8 @@ class Capture:
             sequence = merged[0]
             sequence.update(prefix_ok=not drift, conversation=conversation, segment_reason=reason,
                             calls=segment_calls(chain))
+            if chain[0].policy is not None:
+                sequence["policy"] = chain[0].policy
             result.append(sequence)
         return result, not any(drifted)
 

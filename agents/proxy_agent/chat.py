@@ -15,7 +15,7 @@ from rollgym.server import BadRequest
 from rollgym.text import message_text
 
 # Sampling keys that mean the same in both APIs.
-SHARED_KEYS = ("temperature", "top_p", "seed", "stop", "parallel_tool_calls", "metadata")
+SHARED_KEYS = ("model", "temperature", "top_p", "seed", "stop", "parallel_tool_calls", "metadata")
 
 
 def chat_to_responses(body: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from rollgym import BadRequest, ServerConfig
+from rollgym import BadRequest
+from rollgym.model import ModelServerConfig
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest
 from rollgym.local_model import ContextLengthError, LocalModelServer, Turn
 from rollgym.sampling_contract import temperature_of, top_p_of
@@ -36,7 +37,7 @@ from .lora import AdapterError, BaseModelInfo, gguf_lora_path
 from .scoring import score_tokens
 
 
-class LlamaCppConfig(ServerConfig):
+class LlamaCppConfig(ModelServerConfig):
     model_path: str | None = Field(default=None, description="a GGUF file; default: the bundled SmolLM2-135M")
     model_name: str | None = Field(default=None, description="the name /v1/models lists; default: the file's stem")
     n_ctx: int = Field(default=4096, ge=64)

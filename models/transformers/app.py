@@ -23,7 +23,8 @@ from typing import Any, Literal
 from fastapi import FastAPI, HTTPException, Request
 from pydantic import Field
 
-from rollgym import BadRequest, ServerConfig
+from rollgym import BadRequest
+from rollgym.model import ModelServerConfig
 from rollgym.adapters import Adapter, LoadLoraAdapterRequest, UpdateWeightsFromDiskRequest, content_digest
 from rollgym.errors import ContextLengthError, ServerStartError
 from rollgym.local_model import LocalModelServer, Turn
@@ -38,7 +39,7 @@ from .engine import Engine, Generation, GenerationRequest, pick_device, pick_dty
 from .weights import WeightLoadError, load_weights
 
 
-class TransformersConfig(ServerConfig):
+class TransformersConfig(ModelServerConfig):
     model_path: str = Field(default="bundled", description="'bundled' (SmolLM2-135M), a *.gguf file, a Hugging Face "
                                                            "model folder or id")
     model_name: str | None = Field(default=None, description="the name /v1/models lists; default: a folder's name, a "

@@ -45,7 +45,8 @@ def row(run: Path) -> str:
     diff = compare_tasks(before, after)
     assert a is not None and b is not None and diff is not None
     sd = {line["epoch"]: line["validation"].get("reward_std", 0.0) for line in history if line.get("validation")}
-    trained = " → ".join(f"{line['train']['mean_reward']:.2f} ({line['curated']['records']})"
+    # A run of several policies has each policy's curation under `policies` (scripts/train/policy_gain.py).
+    trained = " → ".join(f"{line['train']['mean_reward']:.2f} ({line.get('curated', {}).get('records', '-')})"
                          for line in history if line.get("train"))
     verdict = "**rises**" if (diff.low or 0) > 0 else ("falls" if (diff.high or 0) < 0 else "within noise")
     return (f"| {run.name} | {a.value:.3f} ±{sd[first]:.2f} [{a.low:.2f}, {a.high:.2f}] "

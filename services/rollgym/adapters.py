@@ -10,7 +10,9 @@ Every model server speaks vLLM's adapter API, so one trainer drives the embedded
 A request's `model` picks the weights: an adapter's name → that adapter; the base model's name →
 the base weights; anything else (no `model`, another name) → the *policy*, the adapter loaded most
 recently (the base when none is), so a trainer that publishes a new adapter moves every following
-rollout onto it without rewriting the task rows. The weights that answered a request are named by
+rollout onto it without rewriting the task rows. A server configured with named policies
+(`rollgym.policies`) resolves otherwise: a call's policy picks the adapter loaded under the policy's name,
+and a call no policy claims is refused. The weights that answered a request are named by
 `model_version`: `name@DIGEST` for an adapter, where DIGEST is the first 12 hex digits of the sha256 of
 its files (relative names and bytes, in name order; a path the server cannot read, such as one on a
 vLLM host, by the path itself), and the base model's name for the base. A version names the weights,

@@ -103,7 +103,7 @@ class LocalModelServer(ModelServer):
         return "raw" if greedy else self.config.logprobs_mode
 
     async def responses(self, params: ResponsesCreateParams, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
+        adapter, policy = self.serving_for(payload)
         model, version = self.served_model(adapter), self.version_of(adapter)
         try:
             chat = responses_to_chat_request(payload)
@@ -116,21 +116,25 @@ class LocalModelServer(ModelServer):
             turn = await self.generate(chat, previous, adapter, responses=True)
         except ContextLengthError:
             return build_response(payload, [], model=model, status="incomplete",
-                                  incomplete_details={"reason": "max_output_tokens"}, model_version=version)
+                                  incomplete_details={"reason": "max_output_tokens"}, model_version=version,
+                                  policy=policy)
         incomplete = turn.finish_reason == "length"
         return build_response(payload, output_items(turn), model=model, usage=turn.usage(),
                               status="incomplete" if incomplete else "completed",
                               incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-                              model_version=turn.model_version or version, logprobs_mode=self._logprobs_mode(chat))
+                              model_version=turn.model_version or version, logprobs_mode=self._logprobs_mode(chat),
+                              policy=policy)
 
     async def chat_completions(self, payload: dict[str, Any]) -> dict[str, Any]:
-        adapter = self.adapter_for(payload)
+        adapter, policy = self.serving_for(payload)
         try:
             turn = await self.generate(payload, None, adapter, responses=False)
         except ContextLengthError as exc:
             raise BadRequest(str(exc), field="messages") from None
         answer = chat_completion(turn, self.served_model(adapter), with_logprobs=bool(payload.get("logprobs")))
         answer["model_version"] = turn.model_version or self.version_of(adapter)
+        if policy is not None:
+            answer["policy"] = policy
         return answer
 
     async def score(self, request: ScoreRequest, adapter: Adapter | None) -> dict[str, Any]:

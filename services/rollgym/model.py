@@ -16,12 +16,31 @@ from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request, Response
 
+from pydantic import Field, field_validator
+
 from .adapters import (Adapter, AdapterRegistry, LoadLoraAdapterRequest, UnloadLoraAdapterRequest, content_digest,
                        model_card, stamp_version)
+from .policies import PolicyRoute, PolicyRouter, UnclaimedCall, check_routes, stamp_policy
 from .sampling_contract import RESHAPING, SERVER_KNOBS, record as sampling_record
 from .schema import ResponsesCreateParams
 from .scoring import ScoreRequest
-from .server import BadRequest, BaseServer, JSONBytesResponse, parse_body, read_json
+from .server import BadRequest, BaseServer, JSONBytesResponse, ServerConfig, parse_body, read_json
+
+
+class ModelServerConfig(ServerConfig):
+    """Options every model server that serves named policies has (rollgym.policies)."""
+
+    policies: dict[str, PolicyRoute] = Field(
+        default_factory=dict, description="named policies served at once on this base: each answers the calls it "
+                                          "claims with the adapter loaded under its name (the base weights while "
+                                          "none is); a call no policy claims is refused. Empty: one policy, as before")
+
+    @field_validator("policies")
+    @classmethod
+    def _routes(cls, value: dict[str, PolicyRoute]) -> dict[str, PolicyRoute]:
+        if problems := check_routes(value):
+            raise ValueError("; ".join(problems))
+        return value
 from .streaming import stream_chat_completion, stream_response, wants_usage
 
 
@@ -54,6 +73,7 @@ class ModelServer(BaseServer):
         super().__init__(*args, **kwargs)
         self.adapters = AdapterRegistry()
         self._adapter_lock = asyncio.Lock()
+        self.router = PolicyRouter(getattr(self.config, "policies", None) or {})
 
     def model_names(self) -> list[str]:
         """The base model ids listed by `GET /v1/models`."""
@@ -63,7 +83,19 @@ class ModelServer(BaseServer):
 
     def adapter_for(self, payload: dict[str, Any]) -> Adapter | None:
         """The adapter a request's `model` selects (None: the base). Call it before the first await."""
-        return self.adapters.resolve(payload.get("model"), self.model_names())
+        return self.serving_for(payload)[0]
+
+    def serving_for(self, payload: dict[str, Any]) -> tuple[Adapter | None, str | None]:
+        """(the adapter that answers a request, None: the base; the policy it belongs to, None without policies).
+        With policies, the policy's adapter (loaded under its name) or the base weights while it has none; a call
+        no policy claims is a 404 naming it. Call it before the first await."""
+        if not self.router:
+            return self.adapters.resolve(payload.get("model"), self.model_names()), None
+        try:
+            policy = self.router.policy_of(payload)
+        except UnclaimedCall as exc:
+            raise BadRequest(str(exc), field="model", status=404) from None
+        return self.adapters.get(policy), policy
 
     def version_of(self, adapter: Adapter | None) -> str:
         """`model_version` of the weights that answer: the adapter's `name@DIGEST`, or the base model's name."""
@@ -216,6 +248,7 @@ def build_response(
     incomplete_details: dict[str, Any] | None = None,
     model_version: str | None = None,
     logprobs_mode: str | None = None,
+    policy: str | None = None,
 ) -> dict[str, Any]:
     """A Responses API response (as JSON) for a request `payload` and the generated `output` items.
 
@@ -224,6 +257,7 @@ def build_response(
     distribution sampled from), every item with tokens records what they were sampled under."""
     usage = usage or {}
     stamp_version(output, model_version)
+    stamp_policy(output, policy)  # the named policy that answered (rollgym.policies), when the server has some
     if logprobs_mode is not None:
         stamp_sampling(output, sampling_record(payload, logprobs_mode))  # the server applied its knobs
     input_tokens = int(usage.get("input_tokens", 0))
@@ -258,4 +292,5 @@ def build_response(
         "tool_choice": payload.get("tool_choice") or "auto",
         "tools": payload.get("tools") or [],
         **({"model_version": model_version} if model_version is not None else {}),
+        **({"policy": policy} if policy is not None else {}),
     }

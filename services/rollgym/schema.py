@@ -191,6 +191,8 @@ class VerifyResponse(VerifyRequest):
 
     reward: float
     reward_components: dict[str, float] | None = None
+    # Per-role rewards beside the episode's (several policies: each trains on its own; docs/train-policies.md).
+    rewards: dict[str, float] | None = None
 
 
 class RolloutMetrics(BaseModel):
@@ -229,7 +231,9 @@ class Sequence(BaseModel):
     # Set by agents that know a rollout's conversations (proxy_agent): the conversation this segment belongs to
     # and, after the first segment, why it began (rollgym.sequences.SEGMENT_REASONS).
     conversation: int | None = None
-    segment_reason: Literal["new_conversation", "history_rewritten", "tokens_drifted"] | None = None
+    segment_reason: Literal["new_conversation", "history_rewritten", "tokens_drifted", "another_policy"] | None = None
+    # With named policies (rollgym.policies): the policy whose calls this segment is; it trains on it alone.
+    policy: str | None = None
     # Set by agents whose segments have inputs of their own (proxy_agent): each model call of this segment, its
     # input items (a continuing call's: only those it added) and output items, without token fields; what
     # `rollgym view` shows as the segment's conversation. Trainers ignore it.
@@ -247,6 +251,7 @@ class RunResponse(RunRequest):
     reward: float | None = None
     verification: Literal["skipped"] | None = None
     reward_components: dict[str, float] | None = None
+    rewards: dict[str, float] | None = None
     status: RolloutStatus
     error: str | None = None
     metrics: RolloutMetrics = Field(default_factory=RolloutMetrics)

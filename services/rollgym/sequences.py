@@ -123,11 +123,17 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
     updates (`model_version_spans`), also `completion_version_spans`: the version of every completion token as
     `{model_version, tokens}` spans in order (None for the environment's tokens). prefix_ok is
     None when no item carried tokens, False when any turn failed to extend the tokens before it.
+    Items that say which named `policy` answered (rollgym.policies) give each sequence its `policy`, and a
+    call of another policy begins a new sequence even where its prompt extends the tokens before it.
     Malformed token records are skipped; this never raises on odd input.
     """
-    records = [r for r in (token_record(item) for item in items) if r is not None]
+    pairs = [(item, r) for item in items if (r := token_record(item)) is not None]
+    records = [r for _, r in pairs]
     if not records:
         return [], None
+    # Named policies (rollgym.policies): a segment is one policy's calls, so each trains only its own tokens.
+    policies = [item.get("policy") if isinstance(item.get("policy"), str) else None for item, _ in pairs]
+    with_policies = any(policy is not None for policy in policies)
     with_versions = any(r.model_version is not None for r in records)
     with_forced = any(r.forced is not None for r in records)
     with_constrained = any(r.constrained is not None for r in records)
@@ -135,10 +141,11 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
     sequences: list[dict[str, list]] = []
     prefix_ok = True
     current: dict[str, list] | None = None
-    for record in records:
+    for record, policy in zip(records, policies):
         if current is not None:
             context = current["prompt_ids"] + current["completion_ids"]
-            if len(record.prompt) >= len(context) and record.prompt[: len(context)] == context:
+            same_policy = not with_policies or current.get("policy") == policy
+            if same_policy and len(record.prompt) >= len(context) and record.prompt[: len(context)] == context:
                 added = record.prompt[len(context):]
                 current["completion_ids"].extend(added)
                 current["completion_mask"].extend([0] * len(added))
@@ -156,13 +163,16 @@ def merge_sequences(items: Iterable[dict[str, Any]]) -> tuple[list[dict[str, lis
                 if with_spans:
                     current["completion_version_spans"] += _span_dicts([(None, len(added))] + record.spans())
                 continue
-            prefix_ok = False
+            if same_policy:  # another policy's call that extends these tokens starts its own segment, no drift
+                prefix_ok = False
         current = {
             "prompt_ids": list(record.prompt),
             "completion_ids": list(record.generation),
             "completion_mask": [1] * len(record.generation),
             "completion_logprobs": list(record.logprobs),
         }
+        if with_policies:
+            current["policy"] = policy
         if with_versions:
             current["model_versions"] = [record.model_version]
         if with_forced:
@@ -258,6 +268,8 @@ SEGMENT_REASONS = {
                          "then differs (a summary, compaction, truncation)",
     "tokens_drifted": "the same conversation carried on, but its prompt does not extend the tokens sampled before "
                       "(the chat template re-rendered an earlier turn, e.g. dropped its reasoning)",
+    "another_policy": "another named policy's call carrying the conversation on: the earlier segment's tokens are "
+                      "its prompt, and each policy trains its own segments",
 }
 DIVERGENCE_WINDOW = 6  # tokens shown on each side of a divergence
 

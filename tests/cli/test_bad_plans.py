@@ -223,3 +223,65 @@ def test_a_new_run_whose_stack_does_not_start_leaves_no_folder(tmp_path: Path,
     (tmp_path / "run" / "notes.txt").write_text("mine")
     assert main(["train", str(write(tmp_path, data)), "--no-progress"]) != 0
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["notes.txt"]
+
+
+RELAY = REPO_ROOT / "scripts/train/relay-policies.yaml"
+
+
+def relay(tmp_path: Path) -> dict[str, Any]:
+    """The two-policy example plan (scripts/train/relay-policies.yaml), its paths made absolute."""
+    data = yaml.safe_load(RELAY.read_text())
+    data["output"] = str(tmp_path / "run")
+    data["stack"]["configs"] = [str(REPO_ROOT / item) for item in data["stack"]["configs"]]
+    data["validation"]["input"] = str(REPO_ROOT / data["validation"]["input"])
+    data["stages"][0]["collect"]["input"] = str(REPO_ROOT / data["stages"][0]["collect"]["input"])
+    return data
+
+
+def policies(*entries: dict[str, Any]) -> Callable[[dict, Path], None]:
+    return lambda p, t: p.update(policies=list(entries))
+
+
+# Plans with several policies (docs/train-policies.md), each with one mistake.
+BAD_POLICY_PLANS: list[tuple[str, Callable[[dict, Path], None], list[str]]] = [
+    ("a call no policy claims", policies({"name": "caller"}),
+     ["key 'policies'", "agent 'relay_agent' (models) asks for model 'answerer', which no policy claims"]),
+    ("a policy nothing calls", policies({"name": "caller"}, {"name": "answerer"}, {"name": "critic"}),
+     ["key 'policies[2]'", "nothing calls policy 'critic'"]),
+    ("a name claimed twice", policies({"name": "caller"}, {"name": "answerer", "models": ["caller"]}),
+     ["model 'caller' is claimed by policies 'caller' and 'answerer'"]),
+    ("two defaults", policies({"name": "caller", "default": True}, {"name": "answerer", "default": True}),
+     ["one default policy at most"]),
+    ("a policy name that is no folder name", policies({"name": "caller"}, {"name": "answerer"}, {"name": "a/b"}),
+     ["policy name 'a/b'"]),
+    ("a misspelt policy trainer argument", policies({"name": "caller", "args": {"learning_rat": 1}}, {"name": "answerer"}),
+     ["policies[0].args.learning_rat"]),
+    ("policies served merged", lambda p, t: p["stages"][0].update(apply="merged"), ["stages apply: lora (or none)"]),
+    ("policies in async mode", lambda p, t: p.update(mode="async"), ["several policies run in mode: epochs"]),
+    ("an unknown credit", lambda p, t: p.update(credit="shared"), ["key 'credit'"]),
+    ("policies with a curriculum of levels", lambda p, t: p["stages"][0]["collect"].update(
+        levels=[p["stages"][0]["collect"].pop("input")]), ["stages[0].collect.levels: not with several policies"]),
+    ("policies on a model server that does not route them", lambda p, t: p["stack"]["configs"].append(
+        str(REPO_ROOT / "models/chat_completions/configs/chat_completions.yaml")), ["does not serve policies by name"]),
+    ("policies with pruned checkpoints", lambda p, t: p.update(checkpoints={"keep_last": 1}),
+     ["checkpoints: a run with several policies keeps every step's weights"]),
+]
+
+
+@pytest.mark.parametrize(("change", "expected"), [case[1:] for case in BAD_POLICY_PLANS],
+                         ids=[case[0] for case in BAD_POLICY_PLANS])
+def test_a_bad_policies_plan_is_refused_by_key(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               change: Callable[[dict, Path], None], expected: list[str]) -> None:
+    data = relay(tmp_path)
+    change(data, tmp_path)
+    code = main(["train", str(write(tmp_path, data)), "--check"])
+    captured = capsys.readouterr()
+    text = captured.out + captured.err
+    assert code == 2 and "Traceback" not in text, text
+    for words in expected:
+        assert words in text, (words, text)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_policies_example_plan_checks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(write(tmp_path, relay(tmp_path))), "--check"]) == 0, capsys.readouterr()

@@ -77,6 +77,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             figures.append(f"validation reward {validation['mean_reward']:.3f}")
         if line.get("skipped"):
             figures.append("no training step (nothing to learn from)")
+        for name, own in (validation.get("policies") or {}).items():  # several policies: each one's own figure
+            if own.get("mean_reward") is not None:
+                figures.append(f"{name} {own['mean_reward']:.3f}")
         unit = "step" if "step" in line else "epoch"
         print(f"{unit} {line['epoch']:>2}  {line.get('stage') or 'base':<10} {line.get('model_version') or '-':<14} "
               + ", ".join(figures))

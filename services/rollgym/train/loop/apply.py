@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ...adapters import AdapterRefused, listed_version, load_everywhere
+from ...adapters import AdapterRefused, listed_version, load_everywhere, publish
 from ...client import load_registry_file
 from ...config import load_stack
 from ...stack.launcher import Stack
@@ -54,6 +54,8 @@ class Serving:
         self.lora_loaded: set[str] = set()
         self.full: FullWeights | None = None  # apply: weights (and mode: async with finetune: full)
         self.base_name: str | None = None  # the served model's own name, which full-weight versions extend
+        # With several policies (plan.policies): the version each policy is served as (its adapter's, or the base's).
+        self.policy_versions: dict[str, str | None] = {}
 
     @property
     def owns_stack(self) -> bool:
@@ -79,6 +81,10 @@ class Serving:
         if self.plan.orchestrator is not None and self.plan.orchestrator.inflight_updates:
             # The policy server continues the generations each update aborts (models/chat_completions).
             overrides = [f"{POLICY}.continue_aborted=true"] + overrides
+        if self.plan.policies:  # the model server answers each policy's calls with its adapter (rollgym.policies)
+            from .policies import server_overrides
+
+            overrides = server_overrides(self.plan.policies, POLICY) + overrides
         if model_path is not None:
             overrides.append(f"{POLICY}.model_path={model_path}")
         self.stack = Stack(load_stack(configs, overrides))
@@ -96,6 +102,8 @@ class Serving:
         """What every collection request adds: the served model's name, which selects a hot-loaded
         adapter, or the base weights once adapters are loaded (a server answers a request for no
         known model with its latest adapter)."""
+        if self.plan.policies:  # each call's own model name picks its policy
+            return {}
         name = (self.version or "").rsplit("@", 1)[0]
         return {"model": name} if name else {}
 
@@ -105,6 +113,8 @@ class Serving:
             self.start()
             if mode in ("lora", "memory", "weights"):
                 self.version = asyncio.run(listed_version(self.registry, POLICY, None))
+            if self.plan.policies:  # every policy on the base weights until its first step is applied
+                self.policy_versions = {policy.name: self.version for policy in self.plan.policies}
             if mode == "weights":
                 self.full = FullWeights(self.plan.weights, self.serving_dir.parent, base_model, self._log)
                 self.base_name = (self.version or POLICY).rsplit("@", 1)[0]
@@ -154,6 +164,24 @@ class Serving:
         else:
             self.version = asyncio.run(self._load_lora(artefact))
             self.lora_loaded.add(artefact.version)
+        return time.perf_counter() - started
+
+    def apply_policy(self, policy: str, artefact: Artefact | None) -> float:
+        """Serve `artefact` (None: the base weights) as policy `policy`: its adapter is loaded under the policy's
+        name, replacing the one before (the model server answers the policy's calls with it); returns seconds."""
+        started = time.perf_counter()
+        if artefact is None:
+            if policy in self.lora_loaded:
+                asyncio.run(publish(self.registry, "unload", {"lora_name": policy}, servers=[POLICY]))
+                self.lora_loaded.discard(policy)
+            self.policy_versions[policy] = asyncio.run(listed_version(self.registry, POLICY, None))
+        else:
+            try:
+                asyncio.run(load_everywhere(self.registry, [POLICY], policy, artefact.uri, timeout_s=120.0))
+            except AdapterRefused as exc:
+                raise ApplyError(f"apply: lora: policy {policy}: {exc}") from None
+            self.lora_loaded.add(policy)
+            self.policy_versions[policy] = asyncio.run(listed_version(self.registry, POLICY, policy)) or policy
         return time.perf_counter() - started
 
     def full_version(self, step_version: str) -> str:

@@ -167,7 +167,11 @@ class TrainLoop:
         self._start_serving(mode, new, existed)
         try:
             applied = self._artefact("applied")
-            if applied is not None:
+            if self.plan.policies:
+                from .policy_epochs import serve_applied
+
+                serve_applied(self)
+            elif applied is not None:
                 self.log(f"resuming: applying {applied.version} again")
                 self.serving.apply(applied, mode)
             done = {int(line["epoch"]) for line in self.history()}
@@ -215,6 +219,10 @@ class TrainLoop:
         summary = self.validation.validate(0, folder)
         line = {"epoch": 0, "stage": None, "model_version": self.serving.version, "artefact": None,
                 "validation": summary, "phases_s": {"validate": round(time.perf_counter() - started, 3)}}
+        if self.plan.policies:
+            from .policy_epochs import zero_line
+
+            line["policies"] = zero_line(self, summary)
         self.guard.remember_best(self.state, summary, None, self.serving.version)
         self._save_state()
         self._finish(line)
@@ -222,6 +230,11 @@ class TrainLoop:
     # ------------------------------------------------------------------ one epoch
 
     def _epoch(self, epoch: int, stage: StageConfig, mode: str) -> None:
+        if self.plan.policies:  # several policies: one collection, then each policy on its own
+            from .policy_epochs import run_epoch
+
+            run_epoch(self, epoch, stage)
+            return
         folder = self.folder.unit_dir(epoch)
         folder.mkdir(parents=True, exist_ok=True)
         phases_path = folder / "phases.json"

@@ -28,11 +28,13 @@ class Trainers:
     def __init__(self) -> None:
         self.instances: dict[str, Any] = {}
 
-    def get(self, name: str) -> Any:
-        """The run's instance of a trainer: a long-lived one (grpo) keeps its process across steps."""
-        if name not in self.instances:
-            self.instances[name] = load_trainer(name)
-        return self.instances[name]
+    def get(self, name: str, key: str | None = None) -> Any:
+        """The run's instance of a trainer: a long-lived one (grpo) keeps its process across steps. `key` names
+        an instance of its own (each policy of a plan with several has one: its own model and optimizer)."""
+        key = key or name
+        if key not in self.instances:
+            self.instances[key] = load_trainer(name)
+        return self.instances[key]
 
     def close(self) -> None:
         """Stop the run's trainer processes."""
@@ -43,11 +45,11 @@ class Trainers:
         self.instances.clear()
 
     def train(self, name: str, dataset: Path, config: TrainConfig,
-              tick: Callable[[dict[str, Any] | None], None] | None = None) -> Artefact:
+              tick: Callable[[dict[str, Any] | None], None] | None = None, key: str | None = None) -> Artefact:
         """Run one optimize step through the trainer `name` and record its artefact in the step's folder;
         `tick` hears the step's progress (progress.py: step k of n, loss, tokens; None before the first) while
         it runs."""
-        instance = self.get(name)
+        instance = self.get(name, key)
         clear_progress(config.output_dir)  # an earlier attempt's steps are not this one's
         if isinstance(instance, RemoteTrainer):
             job = instance.submit(dataset, config)

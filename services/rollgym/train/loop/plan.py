@@ -49,6 +49,7 @@ from .curation import CurateConfig, SegmentMode, unverified_problem
 from .dynamic_sampling import difficulty_problem
 from ..orchestrator.config import OrchestratorConfig, task_file_problem
 from .teacher import TeacherConfig, teacher_file_problems, teacher_plan_problems
+from .policies import Credit, PolicyConfig, plan_policy_problems, stack_problems
 from .tracking import TrackingConfig
 from .validation_metrics import metric_path, metric_problem, pass_k_problem
 from .weights import WeightsConfig, full_weight_problems, reload_problems
@@ -262,6 +263,9 @@ class Plan(StrictModel):
                                    "engines (apply: weights, and mode: async with finetune: full)")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig,
                                       description="where history's numbers also go: tensorboard (default), wandb, none")
+    policies: list[PolicyConfig] = Field(default_factory=list, description="several policies, adapters on one base, "
+                                         "each claiming calls (docs/train-policies.md); none: one, every call's")
+    credit: Credit = Field(default="per_role", description="with policies: per_role (rewards[ROLE]) or team")
     colocate: bool = Field(default=False, description="the policy model server (transformers) and the grpo trainer "
                            "in one process on one device, sharing the weights; each step is published in memory "
                            "(apply: memory, the default then). docs/train-loop.md")
@@ -302,6 +306,7 @@ class Plan(StrictModel):
             problems.append("apply: merged serves GGUF files with the embedded model; base_model must be "
                             "'bundled' or a *.gguf file (use apply: lora with another model server)")
         problems += colocate_problems(self)
+        problems += plan_policy_problems(self, OptimizeConfig)
         if self.orchestrator is not None and self.orchestrator.inflight_updates:
             if self.colocate:
                 problems.append("orchestrator.inflight_updates: the co-located server publishes each step between "
@@ -482,6 +487,7 @@ def file_problems(plan: Plan) -> list[tuple[str, str]]:
             loaded = load_stack(stack.configs, stack.resolved_overrides(plan.seed))
             servers = list(loaded.servers)
             problems += reload_problems(plan, loaded.servers.get("policy_model"))
+            problems += stack_problems(plan, loaded) if isinstance(plan, Plan) else []
     except (ValueError, ConfigError) as exc:
         problems.append(("stack.registry_file" if stack.registry_file else "stack", str(exc)))
     else:

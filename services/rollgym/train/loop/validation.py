@@ -18,6 +18,7 @@ from .collect import Collections
 from .curation import on_policy
 from .errors import TrainError
 from .plan import validation_environments
+from .policies import off_policy, policy_summary
 
 
 class Validation:
@@ -60,10 +61,17 @@ class Validation:
         summary = self.collections.run(options, f"epoch {number} validate", agent)
         version = self.collections.serving.version
         rollouts = read_whole_lines(options.output)
-        stale = sum(1 for r in rollouts if version is not None and not on_policy(r, version))
-        if stale:
-            raise TrainError(f"epoch {number} validate: {stale} rollouts came from another "
-                                  f"model version than {version}")
+        if self.plan.policies:  # each call's weights must be its own policy's served ones
+            versions = self.collections.serving.policy_versions
+            if stale := off_policy(rollouts, versions):
+                raise TrainError(f"epoch {number} validate: {stale} rollouts hold calls from other model versions "
+                                 f"than their policies' ({versions})")
+            summary["policies"] = policy_summary(rollouts, self.plan.policies, self.plan.credit)
+        else:
+            stale = sum(1 for r in rollouts if version is not None and not on_policy(r, version))
+            if stale:
+                raise TrainError(f"epoch {number} validate: {stale} rollouts came from another "
+                                      f"model version than {version}")
         components = component_means(rollouts)
         if components:
             summary["reward_components"] = components
