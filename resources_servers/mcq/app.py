@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from rollgym import ResourcesServer, RunRequest, Verdict
-from rollgym.text import boxed_contents, final_answer_text, final_message_text, last_boxed, message_text, without_reasoning
+from rollgym.text import boxed_contents, final_answer_text, final_message_text, message_text, without_reasoning
 
 LETTER_KEY = re.compile(r"[A-Z]")
 
@@ -219,7 +219,8 @@ def _mentions(text: str, options: dict[str, str]) -> list[tuple[int, int, str]]:
     for pattern in (STANDALONE_CAPITAL, BRACKETED_LOWER):
         for match in pattern.finditer(text):
             letter = match.group(1).upper()
-            if letter not in options or taken[match.start(1)] or NEGATED.search(text[max(0, match.start() - 40):match.start()]):
+            negated = NEGATED.search(text[max(0, match.start() - 40):match.start()])
+            if letter not in options or taken[match.start(1)] or negated:
                 continue
             if pattern is STANDALONE_CAPITAL and _is_word_use(letter, text[match.end():match.end() + 40]):
                 continue

@@ -18,8 +18,7 @@ import concurrent.futures
 import json
 import sys
 import time
-from pathlib import PurePosixPath
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import httpx
