@@ -68,10 +68,13 @@ $(PHOENIX_VENV)/.installed:
 phoenix: $(PHOENIX_VENV)/.installed
 
 # The swe environment's generated tasks: their repositories rebuilt from pinned PyPI sdists (downloaded once
-# into .cache/swe/sdists, sha256-checked; every base_commit comes out as its row says).
+# into .cache/swe/sdists, sha256-checked; the libraries side by side; every base_commit comes out as its row
+# says). SWE_REPOS / SWE_SDISTS elsewhere leave the checkout's own alone (`make swe-repos SWE_REPOS=/tmp/r`).
+SWE_REPOS ?= .cache/swe/repos
+SWE_SDISTS ?= .cache/swe/sdists
 swe-repos: install
 	$(PY) -m resources_servers.swe.repos --tasks resources_servers/swe/data/generated/*.jsonl \
-		--into .cache/swe/repos
+		--into $(SWE_REPOS) --cache $(SWE_SDISTS)
 
 # mini-swe-agent (agents/proxy_agent/examples/mini_swe_agent) in a venv of its own: litellm and its
 # dependencies would change versions the main venv pins.

@@ -1,7 +1,7 @@
 """The hack suites of the graders that read model output, as markdown tables: grader × hack × the reward
 it must get × the reward it got × the reason given.
 
-    python scripts/hack_table.py [ENV ...]      (default: code math reasoning_gym instruction_following llm_judge)
+    python scripts/hack_table.py [ENV ...]      (default: code math reasoning_gym instruction_following llm_judge mcq reverse_text)
 
 Each table comes from the environment's `tests/test_hacks.py` (its `HACKS` and `grader()`): every row
 goes through the environment's real `/verify` over HTTP, as the tests do. Exits 1 when a row got
@@ -21,7 +21,7 @@ sys.path[:0] = [str(REPO), str(REPO / "services")]
 
 from rollgym.testing.hacks import Hack, markdown_table  # noqa: E402
 
-GRADERS = ("code", "math", "reasoning_gym", "instruction_following", "llm_judge")
+GRADERS = ("code", "math", "reasoning_gym", "instruction_following", "llm_judge", "mcq", "reverse_text")
 
 
 def run(grader: str) -> tuple[str, int]:

@@ -41,7 +41,7 @@ from rollgym.server import BadRequest, JSONBytesResponse, ServerStartError
 
 from . import grader
 from .editor import EditError, EditorArgs, insert, str_replace, view_file
-from .leaks import sandbox_roots, solution_copies
+from .leaks import hidden_paths, sandbox_roots, solution_copies
 from .patch import describe, graded_part, printable, task_test_paths
 from .repos import DEFAULT_REPOS, TEST_CMD, RepoError, git, repo_dir_name
 from .testlog import GOOD, grade
@@ -256,8 +256,7 @@ class SweServer(ResourcesServer):
         """The folders of the system or the toolchain that hold a copy of the task's fix: its sandboxes see
         them empty (leaks.py; a vendored copy of the library would hand the model the answer)."""
         if task.instance_id not in self._hidden:
-            copies = await asyncio.to_thread(solution_copies, task.patch, self._roots())
-            self._hidden[task.instance_id] = tuple(sorted({os.path.dirname(path) for path in copies}))
+            self._hidden[task.instance_id] = await asyncio.to_thread(hidden_paths, task.patch, self._roots())
         return self._hidden[task.instance_id]
 
     async def seed(self, task: SweTask, state: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .app import tool_schemas
-from .leaks import solution_copies
+from .leaks import solution_copies, toolchain_roots
 from .mutate import KINDS, Mutation, mutations
 from .repos import (DEFAULT_CACHE, DEFAULT_REPOS, LIBRARIES_FILE, Library, RepoError, clean_repo, commit_task, git,
                     load_libraries)
@@ -142,7 +142,7 @@ def generate_library(lib: Library, count: int, repos: Path, cache: Path, seed: i
                 (work / module).write_text(original)
             if not finished or not broken or len(broken) == len(passing):
                 continue
-            copies = solution_copies(fix, (sys.prefix,))
+            copies = solution_copies(fix, toolchain_roots(sys.prefix))
             if copies:  # the sandbox shows the toolchain: a copy of the fix there is the answer, readable
                 log(f"  refused ({mutation.kind} in {mutation.function}): its fix is readable in {copies[0]}")
                 continue

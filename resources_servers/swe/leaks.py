@@ -4,7 +4,10 @@ pip vendors others, a distribution may package the library itself). A task whose
 is refused by `generate.py` (and reported by `validate.py`).
 
 A copy is a file with the same name in a folder of the same name (`parse/__init__.py`, `more_itertools/more.py`)
-anywhere under those roots, holding every line the task's fix adds.
+anywhere under those roots, holding every line the task's fix adds; for a module at the repository's root
+(`xmltodict.py`), a file of that name in any folder, or a package of that name (`xmltodict/__init__.py`).
+The roots are what the sandbox shows: the system directories, the toolchain, and the prefix of the
+toolchain's interpreter (a venv's base Python, whose own site-packages the sandbox shows too).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 from pathlib import Path, PurePosixPath
 
 from rollgym.sandbox import DEFAULT_EXPOSE
+from rollgym.sandbox.isolation import interpreter_paths
 
 from .patch import split_patch
 
@@ -46,9 +50,32 @@ def _walk(roots: tuple[str, ...]) -> dict[tuple[str, str], tuple[str, ...]]:
     return {key: tuple(paths) for key, paths in found.items()}
 
 
+@functools.lru_cache(maxsize=8)
 def sandbox_roots(toolchain: str) -> tuple[str, ...]:
-    """What a sandbox shows read-only: the system directories and the toolchain."""
-    return (*DEFAULT_EXPOSE, os.path.abspath(toolchain))
+    """What a sandbox shows read-only: the system directories, the toolchain, and its interpreter's prefixes
+    (the sandbox exposes a venv's base Python whole: `/root/.pyenv/versions/3.11.7`, site-packages included)."""
+    python = os.path.realpath(os.path.join(toolchain, "bin", "python3"))
+    try:
+        interpreter = interpreter_paths(python) if os.path.exists(python) else ()
+    except Exception:  # noqa: BLE001 - a toolchain that does not run is reported by the sandbox itself
+        interpreter = ()
+    return tuple(dict.fromkeys((*DEFAULT_EXPOSE, os.path.abspath(toolchain), *interpreter)))
+
+
+def toolchain_roots(toolchain: str) -> tuple[str, ...]:
+    """The roots of `sandbox_roots` that belong to the toolchain (not the system's directories): where
+    `generate.py` refuses a copy, since it travels with the toolchain to wherever the tasks are served."""
+    return tuple(root for root in sandbox_roots(toolchain) if root not in DEFAULT_EXPOSE)
+
+
+def _candidates(index: dict[tuple[str, str], tuple[str, ...]], path: PurePosixPath) -> tuple[str, ...]:
+    """The files under the roots that could be a copy of the repository's file `path`."""
+    if path.parent.name:
+        return index.get((path.parent.name, path.name), ())
+    # A module at the repository's root is installed (or vendored) as a file of that name in any folder,
+    # or as a package of that name.
+    found = [p for (folder, name), paths in index.items() if name == path.name for p in paths]
+    return (*found, *index.get((path.stem, "__init__.py"), ()))
 
 
 def solution_copies(patch: str, roots: tuple[str, ...]) -> list[str]:
@@ -61,7 +88,7 @@ def solution_copies(patch: str, roots: tuple[str, ...]) -> list[str]:
         if not added:
             continue
         path = PurePosixPath(change.path)
-        for candidate in index.get((path.parent.name, path.name), ()):
+        for candidate in _candidates(index, path):
             try:
                 text = Path(candidate).read_text(errors="replace")
             except OSError:
@@ -70,3 +97,11 @@ def solution_copies(patch: str, roots: tuple[str, ...]) -> list[str]:
             if all(line in lines for line in added):
                 copies.append(candidate)
     return copies
+
+
+def hidden_paths(patch: str, roots: tuple[str, ...]) -> tuple[str, ...]:
+    """What a task's sandboxes must see empty: the folder of each copy of its fix (the copied package), or
+    the file itself for a copy of a module that stands alone in its folder (a site-packages of other things)."""
+    alone = {PurePosixPath(change.path).name for change in split_patch(patch) if not PurePosixPath(change.path).parent.name}
+    return tuple(sorted({path if os.path.basename(path) in alone else os.path.dirname(path)
+                         for path in solution_copies(patch, roots)}))

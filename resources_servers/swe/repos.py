@@ -19,6 +19,7 @@ network access) into a cache folder, checked against the pinned sha256.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -105,9 +106,9 @@ def repo_dir_name(repo: str) -> str:
     return repo.replace("/", "__")
 
 
-def git(cwd: Path | str, *args: str, stdin: str | None = None) -> str:
+def git(cwd: Path | str, *args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(["git", *args], cwd=cwd, input=stdin, capture_output=True, text=True,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_IDENTITY})
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **GIT_IDENTITY, **(env or {})})
     if done.returncode != 0:
         raise RepoError(f"git {' '.join(args[:3])} failed in {cwd}: {done.stderr.strip()[-500:]}")
     return done.stdout
@@ -123,7 +124,9 @@ def sdist(lib: Library, cache: Path = DEFAULT_CACHE) -> Path:
     wanted = _normal(f"{lib.name}-{lib.version}.tar.gz")
     found = [p for p in cache.glob("*.tar.gz") if _normal(p.name) == wanted]
     if not found:
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+        # The sdist of the library alone: its build backend (pip reads the sdist's metadata with it) may come
+        # as a wheel, not built from source too (`:all:` builds setuptools, hatchling, ... first).
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", lib.name,
                                "--dest", str(cache), "-q", f"{lib.name}=={lib.version}"], capture_output=True, text=True)
         found = [p for p in cache.glob("*.tar.gz") if _normal(p.name) == wanted]
         if done.returncode != 0 or not found:
@@ -156,39 +159,62 @@ def clean_repo(lib: Library, into: Path, cache: Path = DEFAULT_CACHE) -> tuple[P
     return target, git(target, "rev-parse", "HEAD").strip()
 
 
-def commit_task(repo: Path, clean: str, instance_id: str, patch: str) -> str:
-    """The task's buggy state: the clean commit with the fix (`patch`) reversed, as a fixed commit."""
-    git(repo, "checkout", "-q", "--detach", clean)
-    git(repo, "apply", "-R", "-", stdin=patch)
-    git(repo, "commit", "-q", "-a", "-m", instance_id)
-    commit = git(repo, "rev-parse", "HEAD").strip()
-    git(repo, "tag", "-f", f"task/{instance_id}", commit)
-    git(repo, "checkout", "-q", "--detach", clean)
+def commit_task(repo: Path, clean: str, instance_id: str, patch: str, tag: bool = True) -> str:
+    """The task's buggy state: the clean commit with the fix (`patch`) reversed, as a fixed commit (tagged
+    `task/<instance_id>` unless `tag` is False). Made in an index of its own: the work tree is not touched."""
+    index = Path(tempfile.mkdtemp(prefix="rollgym-index-")) / "index"
+    try:
+        env = {"GIT_INDEX_FILE": str(index)}
+        git(repo, "read-tree", clean, env=env)
+        git(repo, "apply", "--cached", "-R", "-", stdin=patch, env=env)
+        tree = git(repo, "write-tree", env=env).strip()
+    finally:
+        shutil.rmtree(index.parent, ignore_errors=True)
+    commit = git(repo, "commit-tree", tree, "-p", clean, "-m", instance_id).strip()
+    if tag:
+        git(repo, "tag", "-f", f"task/{instance_id}", commit)
     return commit
 
 
-def build(rows: Iterable[dict[str, Any]], into: Path = DEFAULT_REPOS, cache: Path = DEFAULT_CACHE,
-          libraries: dict[str, Library] | None = None) -> dict[str, str]:
-    """Rebuild the repositories of generated task rows; every base_commit must come out the same."""
-    libraries = LIBRARIES if libraries is None else libraries
+def _build_library(lib: Library, rows: list[dict[str, Any]], into: Path, cache: Path) -> dict[str, str]:
+    """One library's repository and its tasks' commits (tags made in one go at the end)."""
+    repo, root = clean_repo(lib, into, cache)
+    existing = dict(line.split(" ", 1)[::-1] for line in
+                    git(repo, "for-each-ref", "--format=%(objectname) %(refname)", "refs/tags/task/").splitlines())
     made: dict[str, str] = {}
-    clean: dict[str, tuple[Path, str]] = {}
+    updates = []
+    for row in rows:
+        ref = f"refs/tags/task/{row['instance_id']}"
+        commit = existing.get(ref) or commit_task(repo, root, row["instance_id"], row["patch"], tag=False)
+        if commit != row["base_commit"]:
+            raise RepoError(f"{row['instance_id']}: rebuilt as {commit}, the row says {row['base_commit']}")
+        if ref not in existing:
+            updates.append(f"update {ref} {commit}\n")
+        made[row["instance_id"]] = commit
+    if updates:
+        git(repo, "update-ref", "--stdin", stdin="".join(updates))
+    return made
+
+
+def build(rows: Iterable[dict[str, Any]], into: Path = DEFAULT_REPOS, cache: Path = DEFAULT_CACHE,
+          libraries: dict[str, Library] | None = None, workers: int = 4) -> dict[str, str]:
+    """Rebuild the repositories of generated task rows; every base_commit must come out the same. The
+    libraries are downloaded (when not cached) and built side by side, `workers` at a time."""
+    libraries = LIBRARIES if libraries is None else libraries
+    rows = list(rows)
+    by_library: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         name = row["repo"].removeprefix("pypi/")
         if name not in libraries:
             raise RepoError(f"{row['instance_id']}: repo {row['repo']!r} is not a library of the libraries file")
-        if name not in clean:
-            clean[name] = clean_repo(libraries[name], into, cache)
-        repo, root = clean[name]
-        try:
-            existing = git(repo, "rev-parse", "-q", "--verify", f"task/{row['instance_id']}^{{commit}}").strip()
-        except RepoError:
-            existing = ""
-        commit = existing or commit_task(repo, root, row["instance_id"], row["patch"])
-        if commit != row["base_commit"]:
-            raise RepoError(f"{row['instance_id']}: rebuilt as {commit}, the row says {row['base_commit']}")
-        made[row["instance_id"]] = commit
-    return made
+        by_library.setdefault(name, []).append(row)
+    into.mkdir(parents=True, exist_ok=True)
+    made: dict[str, str] = {}
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(by_library)))) as pool:
+        futures = [pool.submit(_build_library, libraries[name], group, into, cache) for name, group in by_library.items()]
+        for future in futures:
+            made.update(future.result())  # the first library's error, in the file's order
+    return {row["instance_id"]: made[row["instance_id"]] for row in rows}
 
 
 def read_rows(paths: Iterable[str | Path]) -> list[dict[str, Any]]:

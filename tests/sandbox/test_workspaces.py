@@ -227,7 +227,8 @@ def test_a_session_has_its_own_tmp_inputs_and_read_only_views(workspaces: LocalW
     (shown / "pkg" / "answer.py").write_text("ANSWER = 42\n")
     os.chmod(tmp_path, 0o755)
     hidden = os.path.join(sysconfig.get_paths()["purelib"], "_pytest")  # a folder of the toolchain (sys.prefix)
-    ws = workspaces.open(template, hide=(hidden,))
+    hidden_file = os.path.join(sysconfig.get_paths()["purelib"], "py.py")  # a module alone among others: only it
+    ws = workspaces.open(template, hide=(hidden, hidden_file))
     try:
         made = workspaces.exec(ws, "t=$(mktemp) && echo kept > $t && echo $t; echo $TMPDIR; cat /proc/1/cmdline; "
                                    "ls /proc | grep -c '^[0-9]'")
@@ -237,9 +238,11 @@ def test_a_session_has_its_own_tmp_inputs_and_read_only_views(workspaces: LocalW
         assert "tmp" not in workspaces.exec(ws, "ls -A").stdout.split()  # and is not in the workspace
         # the disk limit counts /tmp and the workspace together
         assert "No space left" in workspaces.exec(ws, "head -c 6M /dev/zero > /tmp/a; head -c 6M /dev/zero > b").stderr
-        ran = workspaces.exec(ws, f'cat "$SANDBOX_INPUT/note"; ls /run/shown; touch /run/shown/x; ls -A {hidden} | wc -l',
+        ran = workspaces.exec(ws, f'cat "$SANDBOX_INPUT/note"; ls /run/shown; touch /run/shown/x; ls -A {hidden} | wc -l; '
+                                  f'wc -c < {hidden_file}; ls {os.path.dirname(hidden_file)} | grep -cx py.py',
                               files={"note": "private\n"}, read_only=((str(shown), "/run/shown"),))
-        assert ran.stdout.split("\n")[:3] == ["private", "pkg", "0"] and "Read-only file system" in ran.stderr
+        assert ran.stdout.split("\n")[:5] == ["private", "pkg", "0", "0", "1"] and "Read-only file system" in ran.stderr
+        assert os.path.getsize(hidden_file) > 0
         assert os.listdir(hidden)  # shown empty inside only
         assert workspaces.exec(ws, 'echo ${SANDBOX_INPUT:-none}').stdout.strip() == "none"  # inputs are per command
         with pytest.raises(FileAccessError, match="NUL"):

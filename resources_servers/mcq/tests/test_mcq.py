@@ -55,7 +55,7 @@ CITIES = {"A": "London", "B": "Paris", "C": "Rome", "D": "Berlin"}
         ("Answer: B. (C would be wrong: Rome is in Italy.)", "B"),
         ("I first thought C, but the final answer is B", "B"),
         ("The answer is C. No wait, the answer is B.", "B"),
-        ("First \\boxed{C}, corrected: \\boxed{B}", "B"),
+        ("First \\boxed{C}, corrected: \\boxed{B}", None),  # boxes that disagree: no answer (as in math)
         # Other letters, and nothing.
         ("The answer is A.", "A"),
         ("a", "A"),

@@ -38,7 +38,8 @@ def test_bit_parallel_lcs_matches_dynamic_programming() -> None:
         ("  `dlrow olleh`\n", 1.0),     # quotes and whitespace are not held against the model
         ("dlrow olle", 10 / 11),         # one character missing
         ("dlrow olleh!!", 11 / 13),      # padding costs
-        ("hello world", 5 / 11),         # not reversed: shares only a 5-character subsequence
+        ("hello world", 0.0),            # the text copied back, not reversed: nothing (it shares 5 of 11)
+        ("<think>reverse it</think>dlrow olleh", 1.0),  # reasoning is not the answer, nor held against it
         ("", 0.0),
     ],
 )

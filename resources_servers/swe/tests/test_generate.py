@@ -61,7 +61,8 @@ def test_generated_tasks_fail_as_given_and_rebuild_identically(tmp_path: Path) -
 
 
 def test_the_libraries_are_a_data_file_checked_line_by_line(tmp_path: Path) -> None:
-    assert set(LIBRARIES) == {"inflection", "parse", "toolz", "cachetools"} and LIBRARIES["cachetools"].pythonpath == "src"
+    assert set(LIBRARIES) == {"inflection", "parse", "toolz", "cachetools", "isodate", "voluptuous", "webcolors"}
+    assert LIBRARIES["cachetools"].pythonpath == "src" and LIBRARIES["voluptuous"].pythonpath == "."
     entry = {"name": "x", "version": "1", "sha256": "0" * 64, "modules": ["x/__init__.py"]}
     for broken, message in (({**entry, "sha256": "abc"}, "'sha256'"), ({k: v for k, v in entry.items() if k != "modules"}, "'modules'"),
                             ({**entry, "module": []}, "unknown key 'module'")):

@@ -5,13 +5,15 @@ read only with this run's key."""
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from resources_servers.swe import grader
-from resources_servers.swe.leaks import solution_copies
+from resources_servers.swe.leaks import hidden_paths, sandbox_roots, solution_copies
 from resources_servers.swe.patch import describe, graded_part, left_out_because, split_patch, task_test_paths
 
 
@@ -109,3 +111,27 @@ def test_a_copy_of_the_fix_where_the_sandbox_can_read_it_is_found(tmp_path: Path
     roots = (str(tmp_path / "system"), str(tmp_path / "toolchain"))
     assert solution_copies(patch, roots) == [str(fixed)]
     assert solution_copies(patch, (str(tmp_path / "system"),)) == []
+
+
+def test_a_copy_of_a_root_module_is_found_anywhere_and_only_it_is_hidden(tmp_path: Path) -> None:
+    """A module at the repository's root (`xmltodict.py`) is installed as a file among others (site-packages)
+    or vendored as a package: both are copies; the first is hidden alone, the package's folder whole."""
+    patch = ("diff --git a/single.py b/single.py\n--- a/single.py\n+++ b/single.py\n"
+             "@@ -1,2 +1,3 @@\n def f(x):\n+    x = abs(x)\n     return x\n")
+    fixed = "def f(x):\n    x = abs(x)\n    return x\n"
+    installed = tmp_path / "site-packages" / "single.py"
+    vendored = tmp_path / "_vendor" / "single" / "__init__.py"
+    for path in (installed, vendored):
+        path.parent.mkdir(parents=True)
+        path.write_text(fixed)
+    (tmp_path / "site-packages" / "other.py").write_text(fixed)  # another name: not a copy
+    roots = (str(tmp_path),)
+    assert sorted(solution_copies(patch, roots)) == sorted([str(installed), str(vendored)])
+    assert hidden_paths(patch, roots) == tuple(sorted([str(installed), str(vendored.parent)]))
+
+
+def test_the_roots_searched_are_what_the_sandbox_shows() -> None:
+    """The system folders, the toolchain, and its interpreter's prefix (a venv's base Python is shown whole)."""
+    roots = sandbox_roots(sys.prefix)
+    assert "/usr" in roots and os.path.abspath(sys.prefix) in roots
+    assert os.path.realpath(sys.base_prefix) in roots

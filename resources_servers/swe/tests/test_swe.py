@@ -23,6 +23,9 @@ from rollgym.testing import final_response, serve_in_thread
 FOLDER = Path(__file__).resolve().parents[1]
 ROWS = [json.loads(line) for line in (FOLDER / "data" / "example.jsonl").read_text().splitlines()]
 PARSE_DROP, TOOLZ_SWAP, PARSE_SWAP = ROWS[0], ROWS[1], ROWS[2]  # two libraries, three kinds of bug
+# A generated task of a src-layout library (PYTHONPATH=src), from the shipped data.
+ISODATE = next(json.loads(line) for line in (FOLDER / "data" / "generated" / "train.jsonl").read_text().splitlines()
+               if json.loads(line)["instance_id"] == "pypi__isodate-0.7.2.change_constant__5a03c757")
 
 
 SERVERS: list[SweServer] = []  # the module's server, for the tests that break its sandbox on purpose
@@ -32,7 +35,7 @@ SERVERS: list[SweServer] = []  # the module's server, for the tests that break i
 def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     repos = tmp_path_factory.mktemp("repos")
     try:
-        build([PARSE_DROP, TOOLZ_SWAP, PARSE_SWAP], repos)  # every base_commit must come out as the row says
+        build([PARSE_DROP, TOOLZ_SWAP, PARSE_SWAP, ISODATE], repos)  # every base_commit must come out as the row says
     except Exception as exc:  # noqa: BLE001 - only PyPI being unreachable skips
         if "pip download" in str(exc):
             pytest.skip(f"the pinned sdists are not cached and PyPI is unreachable: {exc}")
@@ -52,7 +55,7 @@ def verify(http: httpx.Client, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_gold_patch_through_the_editor_resolves_each_task(server_url: str) -> None:
-    for row in (PARSE_DROP, TOOLZ_SWAP, PARSE_SWAP):
+    for row in (PARSE_DROP, TOOLZ_SWAP, PARSE_SWAP, ISODATE):
         with httpx.Client(base_url=server_url, timeout=120) as http:
             assert http.post("/seed_session", json=row).status_code == 200
             for call in editor_calls(row["patch"]):

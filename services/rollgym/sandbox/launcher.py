@@ -265,9 +265,16 @@ def build_root(cfg):
         bind(f"/proc/self/fd/{fd}", root(target), True, readonly=readonly)
         os.close(fd)
 
-    for path in cfg.get("hide", ()):  # an exposed folder the program must not read: an empty one over it
-        if os.path.isdir(root(path)) and not os.path.islink(root(path)):
+    for path in cfg.get("hide", ()):  # an exposed path the program must not read: an empty folder or file over it
+        if os.path.islink(root(path)):
+            continue
+        if os.path.isdir(root(path)):
             mount("tmpfs", root(path), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,nr_inodes=4,mode=555")
+        elif os.path.isfile(root(path)):
+            empty = root("/.hidden")
+            if not os.path.exists(empty):
+                write_file(empty, b"", 0o444)
+            bind(empty, root(path), False)
 
     os.mkdir(root("/proc"), 0o555)
     # This PID namespace only, and only the program's own processes: init (root) and its command line,
