@@ -2,7 +2,7 @@
 (with the history's reward_std over rollouts) and its 95 % interval over tasks, the paired difference over
 the same held-out tasks (beyond noise when its interval leaves out 0), how many validation replies finished
 (were not cut off at the token limit) before and after, and each epoch's train reward and groups trained
-on. One markdown row per run.
+on (an async run: each step's collected reward). One markdown row per run.
 
     python scripts/train/validation_gain.py runs/rg-grpo-products-s1 runs/rg-grpo-products-s2 ...
 """
@@ -35,19 +35,24 @@ def finished(path: Path) -> str:
 
 def row(run: Path) -> str:
     history = [orjson.loads(line) for line in (run / "history.jsonl").read_bytes().splitlines() if line.strip()]
-    validated = [line["epoch"] for line in history if line.get("validation")]
+    unit = "step" if any(line.get("stage") == "async" for line in history) else "epoch"
+    validated = [line[unit] for line in history if line.get("validation")]
     if len(validated) < 2:
         return f"| {run.name} | not finished ({len(history)} history lines) | | | | | |"
     first, last = validated[0], validated[-1]
-    files = [run / f"epoch-{epoch:03d}" / "validation.jsonl" for epoch in (first, last)]
+    files = [run / f"{unit}-{number:03d}" / "validation.jsonl" for number in (first, last)]
     before, after = tasks(files[0]), tasks(files[1])
     a, b = mean_reward(before.values()), mean_reward(after.values())
     diff = compare_tasks(before, after)
     assert a is not None and b is not None and diff is not None
-    sd = {line["epoch"]: line["validation"].get("reward_std", 0.0) for line in history if line.get("validation")}
+    sd = {line[unit]: line["validation"].get("reward_std", 0.0) for line in history if line.get("validation")}
     # A run of several policies has each policy's curation under `policies` (scripts/train/policy_gain.py).
-    trained = " → ".join(f"{line['train']['mean_reward']:.2f} ({line.get('curated', {}).get('records', '-')})"
-                         for line in history if line.get("train"))
+    if unit == "step":
+        trained = " → ".join(f"{line['orchestrator']['reward_mean']:.2f}" for line in history
+                             if line.get("orchestrator"))
+    else:
+        trained = " → ".join(f"{line['train']['mean_reward']:.2f} ({line.get('curated', {}).get('records', '-')})"
+                             for line in history if line.get("train"))
     verdict = "**rises**" if (diff.low or 0) > 0 else ("falls" if (diff.high or 0) < 0 else "within noise")
     return (f"| {run.name} | {a.value:.3f} ±{sd[first]:.2f} [{a.low:.2f}, {a.high:.2f}] "
             f"| {b.value:.3f} ±{sd[last]:.2f} [{b.low:.2f}, {b.high:.2f}] "
