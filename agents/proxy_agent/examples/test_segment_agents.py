@@ -5,6 +5,7 @@ comes back as several segments, labelled by conversation and by why each began, 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -87,14 +88,17 @@ def check_every_segment_trains(rollouts: list[dict[str, Any]], segments: int) ->
     for rollout in rollouts:
         [group] = sequences_of([to_groups(rollout["group_id"], [rollout])])
         assert len(group) == segments and {seq.rollout for seq in group} == {0}  # its segments weigh as one rollout
-        pairs = Counter((t, lp) for seq in group
+        pairs = Counter((t, "constrained" if math.isnan(lp) else lp) for seq in group
                         for t, m, lp in zip(seq.completion_ids, seq.loss_mask, seq.sampling_logprobs) if m)
         # The tokens a grammar forced (the call's opening under the first turn's tool_choice: required,
         # flagged generation_forced) are left out of the loss; every sampled one is in it once.
         calls = calls_of(rollout)
         assert any(any(call.forced or []) for call in calls)
-        assert pairs == Counter((t, lp) for call in calls for t, lp, f in
-                                zip(call.generation, call.logprobs, call.forced or [0] * len(call.generation)) if not f)
+        # A token sampled under the grammar has no sampling logprob for the trainer's ratio (NaN: it takes
+        # π_old there, grpo_batch.behaviour_logprobs).
+        assert pairs == Counter((t, "constrained" if c else lp) for call in calls for t, lp, f, c in
+                                zip(call.generation, call.logprobs, call.forced or [0] * len(call.generation),
+                                    call.constrained or [0] * len(call.generation)) if not f)
 
 
 def test_the_compacting_agent_gives_a_segment_per_rewritten_history_and_each_trains(registry, tmp_path) -> None:

@@ -33,7 +33,9 @@ def test_guard_restores_the_best_model(tmp_path: Path, importable_toys: None) ->
         "output": str(tmp_path / "run"),
         "stack": {"configs": [str(REPO_ROOT / "resources_servers/reverse_text/configs/reverse_text.yaml")],
                   "overrides": ["policy_model.n_ctx=1024"], "concurrency": 1},
-        "validation": {"input": tasks, "limit": 3, "repeats": 1, "params": greedy},
+        # All five tasks: the base model copies the first one's text back (reward 0), and the noised weights
+        # need a mean above 0 to fall from.
+        "validation": {"input": tasks, "limit": 5, "repeats": 1, "params": greedy},
         "stages": [{"name": "toy", "epochs": 3, "collect": {"input": tasks, "limit": 1, "repeats": 1, "params": greedy},
                     "optimize": {"trainer": "tests.train.toy_trainers:GgufTrainer", "data": "sft"}, "apply": "merged"}],
         "guard": {"max_drop": 0.0, "on_violation": "stop"},
