@@ -175,7 +175,7 @@ def test_overrides_reach_into_sections_and_name_themselves(tmp_path: Path) -> No
 
     plan = load_plan(DEMO, {"stack.timeout_s": 30, "stack.max_attempts": 1, "output": str(tmp_path / "run")})
     options = TrainLoop(plan).collections.options(Path("tasks.jsonl"), Path("out.jsonl"), repeats=1, limit=None, params={})
-    assert (options.concurrency, options.timeout_s, options.max_attempts, options.budget_s) == (1, 30.0, 1, None)
+    assert (options.concurrency, options.timeout_s, options.max_attempts, options.budget_s) == (2, 30.0, 1, None)
     for overrides, message in [
         ({"nope": 1}, r"override 'nope': the plan has no key 'nope' \(keys: base_model, output"),
         ({"output.x": 1}, r"override 'output\.x': 'output' is not a section of keys"),
