@@ -3,9 +3,10 @@ handed the lookup's result and must report the code exactly. Each role has its o
 each can be trained as a policy of its own (docs/train-policies.md).
 
 - `caller`: 1.0 when the lookup was made for exactly the task's city (case, spaces and a final period ignored),
-  0.5 when its argument names the city among other words ("The code for Paris"), else 0.0;
+  0.5 when its argument names the city among a few other words ("The code for Paris") and no other city of
+  the table (a list of every city is no answer), else 0.0;
 - `answerer`: 1.0 when the final answer is exactly the code the lookup returned (a final period ignored), 0.5
-  when it contains it among other words, else 0.0;
+  when it contains it among other words and no other number (a spray of numbers is no answer), else 0.0;
 - `reward` (the episode's, a team's): their mean.
 
 The half credit gives GRPO something to rank on a small model, which rarely answers with the bare word at first
@@ -28,6 +29,9 @@ from rollgym.text import final_message_text
 
 CODES = {"paris": "4817", "london": "2290", "tokyo": "7051", "cairo": "3364", "oslo": "9128", "lima": "5573",
          "sydney": "6402", "toronto": "1839", "rome": "8246", "berlin": "3915", "madrid": "7480", "vienna": "2067"}
+
+
+HALF_CREDIT_WORDS = 8  # a lookup argument longer than this is not naming a city among a few words
 
 
 class RelayTask(RunRequest):
@@ -55,9 +59,13 @@ def relay_rewards(city: str, lookups: list[str], answer: str) -> dict[str, float
     if not lookups:
         return {"caller": 0.0, "answerer": 0.0}
     looked_up, code = lookups[-1], code_of(lookups[-1])
-    named = re.search(rf"\b{re.escape(normalise(city))}\b", normalise(looked_up)) is not None
-    return {"caller": 1.0 if normalise(looked_up) == normalise(city) else 0.5 if named else 0.0,
-            "answerer": 1.0 if answer.strip().rstrip(".") == code else 0.5 if code in answer else 0.0}
+    words = normalise(looked_up)
+    named = re.search(rf"\b{re.escape(normalise(city))}\b", words) is not None
+    others = [other for other in CODES if other != normalise(city) and re.search(rf"\b{other}\b", words)]
+    named = named and not others and len(words.split()) <= HALF_CREDIT_WORDS
+    numbers = re.findall(r"\d+", answer)
+    return {"caller": 1.0 if words == normalise(city) else 0.5 if named else 0.0,
+            "answerer": 1.0 if answer.strip().rstrip(".") == code else 0.5 if numbers == [code] else 0.0}
 
 
 class RelayServer(ResourcesServer):

@@ -26,6 +26,11 @@ def test_every_city_has_a_code() -> None:
     (["Comparison"], "4817", {"caller": 0.0, "answerer": 0.0}),  # a word containing the city is not the city
     (["London"], "2290", {"caller": 0.0, "answerer": 1.0}),  # the wrong city, its code relayed right: roles apart
     ([], "4817", {"caller": 0.0, "answerer": 0.0}),
+    # Sprays a policy could learn for half credit: every city in one lookup, every number in one answer.
+    (["Paris London Tokyo Cairo"], "x", {"caller": 0.0, "answerer": 0.0}),
+    (["Paris"], "4817 2290 7051 3364", {"caller": 1.0, "answerer": 0.0}),
+    (["Paris"], "Code 48170", {"caller": 1.0, "answerer": 0.0}),
+    (["please look up the code of the city that is called Paris now"], "4817", {"caller": 0.0, "answerer": 0.0}),
 ])
 def test_each_role_is_rewarded_for_its_own_part(lookups: list[str], answer: str, rewards: dict[str, float]) -> None:
     assert relay_rewards("Paris", lookups, answer) == rewards
